@@ -1,0 +1,128 @@
+"""Builders for tiny random models and tokenizers, written to a directory exactly as a user's Hugging
+Face model directory looks (config.json, model.safetensors, tokenizer files). Nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+CHATML_TEMPLATE = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] "
+    "+ '<|im_end|>' + '\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+_CORPUS = """The future of AI is bright and full of promise. Machine learning models learn patterns
+from data, and language models predict the next token. The quick brown fox jumps over the lazy dog.
+Speculative decoding uses a small draft model to propose tokens that a large target model verifies.
+Once upon a time there was a little robot who wanted to learn how to paint the sky blue.
+Explain to a ten-year-old why the sky is blue: sunlight scatters off the air, and blue light
+scatters the most. Weather is what happens today; climate is the average over many years.
+Hello, my name is Tandem. I like numbers: 1 2 3 4 5 6 7 8 9 10 100 1000. Python code: def f(x):
+    return x * 2
+What are three practical tips for staying focused while working from home? Take breaks, keep a
+schedule, and set up a quiet space. The capital of France is Paris. The capital of Japan is Tokyo.
+"""
+
+
+def _corpus_lines() -> list[str]:
+    lines = _CORPUS.splitlines()
+    prompts = Path(__file__).resolve().parents[2] / "shared" / "data" / "prompts.jsonl"
+    if prompts.exists():
+        lines += [json.loads(line)["prompt"] for line in prompts.read_text().splitlines() if line]
+    return lines * 4
+
+
+def build_bytelevel_tokenizer(out_dir: Path, vocab_size: int = 384):
+    """A GPT-2 style byte-level BPE tokenizer (`Ġ` marks a space) with ChatML special tokens."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(_corpus_lines(), trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|im_start|>",
+                                   eos_token="<|im_end|>", unk_token="<|endoftext|>",
+                                   pad_token="<|endoftext|>")
+    fast.chat_template = CHATML_TEMPLATE
+    fast.save_pretrained(out_dir)
+    return fast
+
+
+def build_sentencepiece_tokenizer(out_dir: Path, vocab_size: int = 640):
+    """A SentencePiece-style BPE tokenizer (`▁` marks a space, byte fallback `<0x0A>`), no chat
+    template (like a base model)."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True))
+    tok.normalizer = normalizers.Replace(" ", "▁")
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="never",
+                                                 split=False)
+    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(),
+                                     decoders.Fuse()])
+    specials = ["<pad>", "<eos>", "<bos>", "<unk>"] + [f"<0x{i:02X}>" for i in range(256)]
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials)
+    tok.train_from_iterator(_corpus_lines(), trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>",
+                                   unk_token="<unk>", pad_token="<pad>")
+    fast.save_pretrained(out_dir)
+    return fast
+
+
+def _hf_config(arch: str, vocab_size: int, num_layers: int, hidden: int, bos: int, eos: int,
+               pad: int, **overrides):
+    from transformers import Gemma3TextConfig, LlamaConfig, Qwen2Config, Qwen3Config
+
+    common = dict(vocab_size=vocab_size, hidden_size=hidden, intermediate_size=hidden * 2,
+                  num_hidden_layers=num_layers, num_attention_heads=4, num_key_value_heads=2,
+                  max_position_embeddings=512, bos_token_id=bos, eos_token_id=eos,
+                  pad_token_id=pad, torch_dtype="float32")
+    if arch == "llama":
+        cfg = LlamaConfig(**common, tie_word_embeddings=False, rope_theta=10000.0)
+    elif arch == "qwen2":
+        cfg = Qwen2Config(**common, tie_word_embeddings=True, rope_theta=10000.0)
+    elif arch == "qwen3":
+        cfg = Qwen3Config(**common, head_dim=32, tie_word_embeddings=True, rope_theta=10000.0)
+    elif arch == "gemma3":
+        common["num_hidden_layers"] = max(num_layers, 3)
+        cfg = Gemma3TextConfig(**common, head_dim=32, sliding_window=8, query_pre_attn_scalar=32,
+                               layer_types=["sliding_attention", "sliding_attention",
+                                            "full_attention"] * (common["num_hidden_layers"] // 3),
+                               rope_theta=100000.0, rope_local_base_freq=1000.0)
+    else:
+        raise ValueError(arch)
+    for key, value in overrides.items():
+        setattr(cfg, key, value)
+    return cfg
+
+
+def build_tiny_model(out_dir: Path, arch: str = "llama", seed: int = 0, num_layers: int = 2,
+                     hidden: int = 64, tokenizer: str = "bytelevel", **overrides) -> Path:
+    """Write a tiny random model of `arch` (llama, qwen2, qwen3, gemma3) plus a tokenizer."""
+    from transformers import AutoModelForCausalLM
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tok = (build_bytelevel_tokenizer(out_dir) if tokenizer == "bytelevel"
+           else build_sentencepiece_tokenizer(out_dir))
+    vocab = len(tok)
+    cfg = _hf_config(arch, vocab, num_layers, hidden, tok.bos_token_id, tok.eos_token_id,
+                     tok.pad_token_id, **overrides)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    # Random init gives near-uniform logits; scaling the embeddings makes distributions peaked
+    # enough that greedy decoding is not decided by float noise.
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("embed_tokens.weight") or name.endswith("lm_head.weight"):
+                p.mul_(4.0)
+    model.save_pretrained(out_dir, safe_serialization=True)
+    return out_dir
