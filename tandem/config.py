@@ -1,0 +1,192 @@
+"""Engine configuration: frozen dataclasses, every invariant checked here, once.
+
+`EngineConfig.create(model=..., **llm_kwargs)` turns the keyword arguments of `tandem.LLM` (vLLM's
+names) into validated configs. Errors name the field and the allowed values.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Optional, Union
+
+import torch
+
+from tandem.spec_decode.config import SpeculativeConfig
+
+logger = logging.getLogger("tandem")
+
+_DTYPES = {
+    "half": torch.float16, "float16": torch.float16, "bfloat16": torch.bfloat16,
+    "float": torch.float32, "float32": torch.float32,
+}
+DEFAULT_CPU_KV_CACHE_BYTES = 4 * 1024**3  # vLLM's VLLM_CPU_KVCACHE_SPACE default (4 GiB)
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
+        raise ValueError(f"device must be one of 'auto', 'cpu', 'cuda', got {device!r}.")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"device={device!r} was requested but CUDA is not available; "
+                         "use device='cpu' or 'auto'.")
+    return torch.device(device)
+
+
+def resolve_dtype(dtype: Union[str, torch.dtype], hf_config: Any, device: torch.device) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype == "auto":
+        if device.type == "cpu":
+            return torch.float32  # CPU matmuls in bf16/fp16 are slow without AMX; keep exact fp32
+        cfg = getattr(hf_config, "dtype", None) or getattr(hf_config, "torch_dtype", None)
+        cfg = _DTYPES.get(cfg, cfg) if isinstance(cfg, str) else cfg
+        return torch.bfloat16 if cfg in (None, torch.float32) else cfg
+    if dtype not in _DTYPES:
+        raise ValueError(f"dtype must be one of {['auto', *_DTYPES]}, got {dtype!r}.")
+    return _DTYPES[dtype]
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    model: str                       # what the user asked for (name or path)
+    model_dir: str                   # resolved directory on disk
+    gguf_file: Optional[str]         # set when the weights come from a GGUF file
+    tokenizer: str                   # tokenizer name or path
+    hf_config: Any                   # transformers PretrainedConfig
+    dtype: torch.dtype
+    max_model_len: int
+    seed: int
+    revision: Optional[str] = None
+
+    @property
+    def architecture(self) -> str:
+        return (getattr(self.hf_config, "architectures", None) or ["?"])[0]
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.hf_config.vocab_size)
+
+    @staticmethod
+    def create(model: str, tokenizer: Optional[str], dtype: Union[str, torch.dtype],
+               max_model_len: Optional[int], seed: int, revision: Optional[str],
+               device: torch.device, field_prefix: str = "") -> ModelConfig:
+        from tandem.loader.hf_config import load_hf_config
+        from tandem.loader.model_source import resolve_model
+
+        source = resolve_model(model, revision=revision)
+        hf_config = load_hf_config(source)
+        derived = model_max_len(hf_config)
+        if max_model_len is None:
+            max_model_len = derived
+        elif max_model_len < 1:
+            raise ValueError(f"{field_prefix}max_model_len must be at least 1, got {max_model_len}.")
+        elif max_model_len > derived:
+            raise ValueError(
+                f"User-specified {field_prefix}max_model_len ({max_model_len}) is greater than the "
+                f"derived max_model_len (max_position_embeddings={derived} in the model's config). "
+                f"Use max_model_len <= {derived}.")
+        gguf = str(source.gguf_file) if source.gguf_file else None
+        return ModelConfig(model=model, model_dir=str(source.model_dir), gguf_file=gguf,
+                           tokenizer=tokenizer or (gguf or str(source.model_dir)),
+                           hf_config=hf_config, dtype=resolve_dtype(dtype, hf_config, device),
+                           max_model_len=int(max_model_len), seed=seed, revision=revision)
+
+
+def model_max_len(hf_config: Any) -> int:
+    for key in ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length"):
+        value = getattr(hf_config, key, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return 2048
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    block_size: int = 16
+    enable_prefix_caching: bool = True
+    gpu_memory_utilization: float = 0.9
+    kv_cache_memory_bytes: Optional[int] = None  # CPU budget; default DEFAULT_CPU_KV_CACHE_BYTES
+
+    def __post_init__(self) -> None:
+        if self.block_size not in (1, 8, 16, 32, 64, 128):
+            raise ValueError(f"block_size must be one of [1, 8, 16, 32, 64, 128], got {self.block_size}.")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ValueError("gpu_memory_utilization must be in (0, 1], got "
+                             f"{self.gpu_memory_utilization}.")
+        if self.kv_cache_memory_bytes is not None and self.kv_cache_memory_bytes <= 0:
+            raise ValueError(f"kv_cache_memory_bytes must be positive, got {self.kv_cache_memory_bytes}.")
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    max_model_len: int
+    num_lookahead_tokens: int = 0  # k when speculating: slots reserved for the draft's writes
+
+    def __post_init__(self) -> None:
+        if self.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be at least 1, got {self.max_num_seqs}.")
+        if self.max_num_batched_tokens < 1 + self.num_lookahead_tokens:
+            raise ValueError(
+                f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be larger than "
+                f"num_speculative_tokens ({self.num_lookahead_tokens}): each step verifies 1 + k "
+                "tokens per request.")
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    tensor_parallel_size: int = 1
+
+    def __post_init__(self) -> None:
+        if self.tensor_parallel_size < 1:
+            raise ValueError(
+                f"tensor_parallel_size must be at least 1, got {self.tensor_parallel_size}.")
+        if self.tensor_parallel_size > 1:
+            raise ValueError(f"tensor_parallel_size={self.tensor_parallel_size} is not supported "
+                             "yet: this build runs tensor_parallel_size=1 only.")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model_config: ModelConfig
+    cache_config: CacheConfig
+    scheduler_config: SchedulerConfig
+    parallel_config: ParallelConfig
+    device: torch.device
+    speculative_config: Optional[SpeculativeConfig] = None
+    extra: dict = field(default_factory=dict)
+
+    @staticmethod
+    def create(model: str, tokenizer: Optional[str] = None, dtype: Union[str, torch.dtype] = "auto",
+               seed: int = 0, max_model_len: Optional[int] = None, tensor_parallel_size: int = 1,
+               gpu_memory_utilization: float = 0.9, max_num_seqs: Optional[int] = None,
+               max_num_batched_tokens: Optional[int] = None, enable_prefix_caching: bool = True,
+               device: str = "auto", speculative_config: Union[None, dict, SpeculativeConfig] = None,
+               revision: Optional[str] = None, block_size: int = 16,
+               kv_cache_memory_bytes: Optional[int] = None, **unknown: Any) -> EngineConfig:
+        if unknown:
+            names = [n for n in inspect.signature(EngineConfig.create).parameters if n != "unknown"]
+            raise TypeError(f"Unexpected engine argument(s) {sorted(unknown)}; supported: {names}.")
+        if not isinstance(model, str) or not model:
+            raise ValueError(f"model must be a non-empty string, got {model!r}.")
+        dev = resolve_device(device)
+        parallel = ParallelConfig(tensor_parallel_size)
+        model_config = ModelConfig.create(model, tokenizer, dtype, max_model_len, seed, revision,
+                                          dev)
+        spec = None
+        if speculative_config is not None:
+            spec = SpeculativeConfig.create(speculative_config, model_config, parallel, dev)
+        k = spec.num_speculative_tokens if spec else 0
+        sched = SchedulerConfig(
+            max_num_seqs=max_num_seqs if max_num_seqs is not None else 256,
+            max_num_batched_tokens=(max_num_batched_tokens if max_num_batched_tokens is not None
+                                    else max(2048, 256 * (1 + k))),
+            max_model_len=model_config.max_model_len, num_lookahead_tokens=k)
+        cache = CacheConfig(block_size=block_size, enable_prefix_caching=enable_prefix_caching,
+                            gpu_memory_utilization=gpu_memory_utilization,
+                            kv_cache_memory_bytes=kv_cache_memory_bytes)
+        return EngineConfig(model_config, cache, sched, parallel, dev, spec)

@@ -1,0 +1,26 @@
+"""Gated MLP activations: act(gate) * up on a fused [.., 2 * inter] input."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:  # [T, 2I] -> [T, I]
+    gate, up = x.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+def gelu_tanh_and_mul(x: torch.Tensor) -> torch.Tensor:  # [T, 2I] -> [T, I]
+    gate, up = x.chunk(2, dim=-1)
+    return F.gelu(gate, approximate="tanh") * up
+
+
+ACTIVATIONS = {"silu": silu_and_mul, "gelu_pytorch_tanh": gelu_tanh_and_mul,
+               "gelu_tanh": gelu_tanh_and_mul}
+
+
+def get_act_and_mul(name: str):
+    if name not in ACTIVATIONS:
+        raise ValueError(f"Unsupported hidden_act {name!r}; supported: {list(ACTIVATIONS)}.")
+    return ACTIVATIONS[name]

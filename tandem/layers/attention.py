@@ -1,0 +1,30 @@
+"""Attention layer: writes K/V to this layer's slice of the paged cache and attends over it."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import nn
+
+from tandem.attention.context import get_forward_context
+from tandem.attention.sdpa_backend import paged_attention, write_kv
+
+
+class Attention(nn.Module):
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float,
+                 sliding_window: Optional[int] = None) -> None:
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.scale = scale
+        self.sliding_window = sliding_window
+        # Bound by the model runner to views of the engine's KV tensors: [num_slots, Hkv, D].
+        self.k_cache: torch.Tensor = torch.empty(0)
+        self.v_cache: torch.Tensor = torch.empty(0)
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        # q: [T, H, D], k/v: [T, Hkv, D] -> [T, H * D]
+        meta = get_forward_context()
+        write_kv(self.k_cache, self.v_cache, k, v, meta.slot_mapping)
+        out = paged_attention(q, self.k_cache, self.v_cache, meta, self.scale, self.sliding_window)
+        return out.reshape(q.shape[0], self.num_heads * self.head_dim)

@@ -1,0 +1,98 @@
+"""Linear layers that shard their own weights for tensor parallelism.
+
+Each parameter carries a `weight_loader(param, loaded_weight, shard_id=None)` that copies this
+rank's slice of a full checkpoint tensor, so model files never mention ranks. Column-parallel layers
+split the output dimension; row-parallel ones split the input and all-reduce the result.
+Fused layers (QKV, gate/up) load each checkpoint tensor into its own row range.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Union
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tandem.distributed.parallel_state import all_reduce, tp_rank, tp_size
+
+
+class ColumnParallelLinear(nn.Module):
+    def __init__(self, in_features: int, out_features: int, bias: bool = False) -> None:
+        super().__init__()
+        self.tp = tp_size()
+        assert out_features % self.tp == 0, f"{out_features} not divisible by tp={self.tp}"
+        self.out_per_rank = out_features // self.tp
+        self.weight = nn.Parameter(torch.empty(self.out_per_rank, in_features), requires_grad=False)
+        self.weight.weight_loader = self.weight_loader
+        self.bias = None
+        if bias:
+            self.bias = nn.Parameter(torch.empty(self.out_per_rank), requires_grad=False)
+            self.bias.weight_loader = self.weight_loader
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor,
+                      shard_id: Optional[Union[int, str]] = None) -> None:
+        size = param.shape[0]
+        param.data.copy_(loaded.narrow(0, tp_rank() * size, size))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+
+class MergedColumnParallelLinear(ColumnParallelLinear):
+    """Several column-parallel outputs in one matmul (gate_proj and up_proj)."""
+
+    def __init__(self, in_features: int, output_sizes: list[int], bias: bool = False) -> None:
+        self.output_sizes = output_sizes
+        super().__init__(in_features, sum(output_sizes), bias)
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor,
+                      shard_id: Optional[Union[int, str]] = None) -> None:
+        assert isinstance(shard_id, int)
+        size = self.output_sizes[shard_id] // self.tp
+        offset = sum(self.output_sizes[:shard_id]) // self.tp
+        param.data.narrow(0, offset, size).copy_(loaded.narrow(0, tp_rank() * size, size))
+
+
+class QKVParallelLinear(ColumnParallelLinear):
+    """q, k and v projections in one matmul; each rank owns whole heads."""
+
+    def __init__(self, hidden: int, head_dim: int, num_heads: int, num_kv_heads: int,
+                 bias: bool = False) -> None:
+        tp = tp_size()
+        self.head_dim = head_dim
+        self.num_heads = num_heads // tp
+        self.num_kv_heads = max(1, num_kv_heads // tp)  # replicate kv heads when tp > num_kv_heads
+        super().__init__(hidden, (self.num_heads + 2 * self.num_kv_heads) * head_dim * tp, bias)
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor,
+                      shard_id: Optional[Union[int, str]] = None) -> None:
+        q, kv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        offset, size = {"q": (0, q), "k": (q, kv), "v": (q + kv, kv)}[shard_id]
+        # With more ranks than kv heads, neighbouring ranks share (replicate) a kv head.
+        rank = tp_rank() if shard_id == "q" else tp_rank() * (loaded.shape[0] // size) // self.tp
+        param.data.narrow(0, offset, size).copy_(loaded.narrow(0, rank * size, size))
+
+
+class RowParallelLinear(nn.Module):
+    def __init__(self, in_features: int, out_features: int, bias: bool = False) -> None:
+        super().__init__()
+        self.tp = tp_size()
+        assert in_features % self.tp == 0, f"{in_features} not divisible by tp={self.tp}"
+        self.weight = nn.Parameter(torch.empty(out_features, in_features // self.tp),
+                                   requires_grad=False)
+        self.weight.weight_loader = self.weight_loader
+        self.bias = None
+        if bias:
+            self.bias = nn.Parameter(torch.empty(out_features), requires_grad=False)
+            self.bias.weight_loader = lambda p, w, s=None: p.data.copy_(w)
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor,
+                      shard_id: Optional[Union[int, str]] = None) -> None:
+        size = param.shape[1]
+        param.data.copy_(loaded.narrow(1, tp_rank() * size, size))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Bias is added once, after the reduction.
+        y = all_reduce(F.linear(x, self.weight))
+        return y if self.bias is None else y + self.bias

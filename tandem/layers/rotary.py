@@ -1,0 +1,67 @@
+"""Rotary position embeddings (half-rotation layout, as the HF Llama/Qwen/Gemma code uses).
+
+Supports rope_type "default", "linear" and "llama3" from a config's rope parameters.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Optional
+
+import torch
+from torch import nn
+
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+
+
+def rope_parameters(hf_config: Any, layer_type: Optional[str] = None) -> dict:
+    """The rope dict for a layer type, from transformers>=5 `rope_parameters` or older keys."""
+    params = getattr(hf_config, "rope_parameters", None)
+    if params and layer_type is not None and layer_type in params:
+        params = params[layer_type]
+    if not params:
+        params = dict(getattr(hf_config, "rope_scaling", None) or {})
+        params.setdefault("rope_theta", getattr(hf_config, "rope_theta", 10000.0))
+    params = dict(params)
+    params.setdefault("rope_type", params.get("type", "default"))
+    return params
+
+
+def inv_frequencies(head_dim: int, params: dict) -> torch.Tensor:
+    base = float(params["rope_theta"])
+    inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+    kind = params["rope_type"]
+    if kind == "default":
+        return inv_freq
+    if kind == "linear":
+        return inv_freq / float(params["factor"])
+    if kind == "llama3":
+        factor, low, high = params["factor"], params["low_freq_factor"], params["high_freq_factor"]
+        old_len = params["original_max_position_embeddings"]
+        wavelen = 2 * math.pi / inv_freq
+        scaled = torch.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
+        smooth = (old_len / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = (wavelen >= old_len / high) & (wavelen <= old_len / low)
+        return torch.where(medium, smoothed, scaled)
+    raise ValueError(f"Unsupported rope_type {kind!r}; supported: {list(SUPPORTED_ROPE_TYPES)}.")
+
+
+class RotaryEmbedding(nn.Module):
+    """Computes cos/sin for a batch's positions once per forward; layers share the result."""
+
+    def __init__(self, head_dim: int, params: dict) -> None:
+        super().__init__()
+        self.register_buffer("inv_freq", inv_frequencies(head_dim, params), persistent=False)
+
+    def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        freqs = positions.float().unsqueeze(-1) * self.inv_freq  # [T, D/2]
+        return freqs.cos().unsqueeze(1), freqs.sin().unsqueeze(1)  # [T, 1, D/2] each
+
+
+def apply_rotary(x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """x: [T, heads, D] rotated by (cos, sin) from RotaryEmbedding."""
+    cos, sin = rope
+    dtype = x.dtype
+    x1, x2 = x.float().chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(dtype)

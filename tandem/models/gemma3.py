@@ -1,0 +1,122 @@
+"""Gemma3ForCausalLM (text): sliding-window layers with a local rope base, global layers with
+another, q/k RMS norms, four norms per layer, (1 + w) RMSNorm, sqrt(hidden)-scaled embeddings."""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Optional
+
+import torch
+from torch import nn
+
+from tandem.layers.attention import Attention
+from tandem.layers.embedding import Embedding, LMHead
+from tandem.layers.linear import QKVParallelLinear, RowParallelLinear
+from tandem.layers.norm import RMSNorm
+from tandem.layers.rotary import RotaryEmbedding, apply_rotary, rope_parameters
+from tandem.models.llama import GatedMLP, Rope
+from tandem.models.weights import load_weights
+
+SLIDING = "sliding_attention"
+FULL = "full_attention"
+
+
+def layer_types(cfg: Any) -> list[str]:
+    types = getattr(cfg, "layer_types", None)
+    if types:
+        return list(types)
+    pattern = getattr(cfg, "sliding_window_pattern", 6)
+    return [FULL if (i + 1) % pattern == 0 else SLIDING for i in range(cfg.num_hidden_layers)]
+
+
+class Gemma3Attention(nn.Module):
+    def __init__(self, cfg: Any, sliding: bool) -> None:
+        super().__init__()
+        self.head_dim = cfg.head_dim
+        self.qkv_proj = QKVParallelLinear(cfg.hidden_size, cfg.head_dim, cfg.num_attention_heads,
+                                          cfg.num_key_value_heads,
+                                          bias=getattr(cfg, "attention_bias", False))
+        self.num_heads, self.num_kv_heads = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads
+        self.o_proj = RowParallelLinear(cfg.num_attention_heads * cfg.head_dim, cfg.hidden_size,
+                                        bias=getattr(cfg, "attention_bias", False))
+        self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, unit_offset=True)
+        self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, unit_offset=True)
+        window: Optional[int] = cfg.sliding_window if sliding else None
+        self.attn = Attention(self.num_heads, self.num_kv_heads, cfg.head_dim,
+                              cfg.query_pre_attn_scalar ** -0.5, sliding_window=window)
+
+    def forward(self, rope: Rope, x: torch.Tensor) -> torch.Tensor:
+        t = x.shape[0]
+        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        q, k, v = self.qkv_proj(x).split([q_size, kv_size, kv_size], dim=-1)
+        q = self.q_norm(q.view(t, self.num_heads, self.head_dim))  # [T, H, D]
+        k = self.k_norm(k.view(t, self.num_kv_heads, self.head_dim))
+        v = v.view(t, self.num_kv_heads, self.head_dim)
+        q, k = apply_rotary(q, rope), apply_rotary(k, rope)
+        return self.o_proj(self.attn(q, k, v))
+
+
+class Gemma3DecoderLayer(nn.Module):
+    def __init__(self, cfg: Any, sliding: bool) -> None:
+        super().__init__()
+        self.sliding = sliding
+        self.self_attn = Gemma3Attention(cfg, sliding)
+        self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size,
+                            getattr(cfg, "hidden_activation", None) or "gelu_pytorch_tanh")
+        norm = lambda: RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, unit_offset=True)  # noqa: E731
+        self.input_layernorm, self.post_attention_layernorm = norm(), norm()
+        self.pre_feedforward_layernorm, self.post_feedforward_layernorm = norm(), norm()
+
+    def forward(self, rope: Rope, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.post_attention_layernorm(self.self_attn(rope, self.input_layernorm(x)))
+        return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
+
+
+class Gemma3Model(nn.Module):
+    def __init__(self, cfg: Any) -> None:
+        super().__init__()
+        self.embed_tokens = Embedding(cfg.vocab_size, cfg.hidden_size, scale=cfg.hidden_size**0.5)
+        types = layer_types(cfg)
+        self.layers = nn.ModuleList(Gemma3DecoderLayer(cfg, t == SLIDING) for t in types)
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, unit_offset=True)
+        self.rotary_global = RotaryEmbedding(cfg.head_dim, rope_parameters(cfg, FULL))
+        self.rotary_local = RotaryEmbedding(cfg.head_dim, _local_rope(cfg))
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        x = self.embed_tokens(input_ids)  # [T, hidden]
+        rope_global, rope_local = self.rotary_global(positions), self.rotary_local(positions)
+        for layer in self.layers:
+            x = layer(rope_local if layer.sliding else rope_global, x)
+        return self.norm(x)
+
+
+def _local_rope(cfg: Any) -> dict:
+    params = getattr(cfg, "rope_parameters", None)
+    if params and SLIDING in params:
+        return rope_parameters(cfg, SLIDING)
+    return {"rope_type": "default", "rope_theta": getattr(cfg, "rope_local_base_freq", 10000.0)}
+
+
+class Gemma3ForCausalLM(nn.Module):
+    def __init__(self, cfg: Any) -> None:
+        super().__init__()
+        self.config = cfg
+        self.model = Gemma3Model(cfg)
+        tied = getattr(cfg, "tie_word_embeddings", True)
+        self.lm_head = LMHead(cfg.vocab_size, cfg.hidden_size,
+                              self.model.embed_tokens if tied else None)
+        self.softcap = getattr(cfg, "final_logit_softcapping", None)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids, positions)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        logits = self.lm_head(hidden)  # [N, vocab]
+        if self.softcap:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        return logits
+
+    def attention_layers(self) -> list[Attention]:
+        return [layer.self_attn.attn for layer in self.model.layers]
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        load_weights(self, weights)

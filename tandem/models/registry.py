@@ -1,0 +1,45 @@
+"""Architecture name (config.json `architectures`) -> our model class, imported lazily."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+import torch
+from torch import nn
+
+_MODELS = {
+    "LlamaForCausalLM": ("tandem.models.llama", "LlamaForCausalLM"),
+    "MistralForCausalLM": ("tandem.models.llama", "LlamaForCausalLM"),
+    "Qwen2ForCausalLM": ("tandem.models.qwen2", "Qwen2ForCausalLM"),
+    "Qwen3ForCausalLM": ("tandem.models.qwen3", "Qwen3ForCausalLM"),
+    "Gemma3ForCausalLM": ("tandem.models.gemma3", "Gemma3ForCausalLM"),
+}
+
+
+def supported_architectures() -> list[str]:
+    return sorted(_MODELS)
+
+
+def model_class(hf_config: Any) -> type[nn.Module]:
+    archs = getattr(hf_config, "architectures", None) or []
+    for arch in archs:
+        if arch in _MODELS:
+            module, name = _MODELS[arch]
+            return getattr(importlib.import_module(module), name)
+    raise ValueError(f"Model architectures {archs} are not supported. Supported architectures: "
+                     f"{supported_architectures()}.")
+
+
+def build_model(hf_config: Any, dtype: torch.dtype, device: torch.device, weights) -> nn.Module:
+    """Instantiate the architecture on `device` in `dtype` and load `weights` (name, tensor)."""
+    cls = model_class(hf_config)
+    prev = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            model = cls(hf_config)
+    finally:
+        torch.set_default_dtype(prev)
+    model.load_weights(weights)
+    return model.eval()

@@ -1,0 +1,135 @@
+"""SpeculativeConfig: vLLM's `speculative_config` keys, defaults and checks (draft_model method).
+
+Messages follow vLLM's wording where vLLM has one, so errors read the same after a switch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING, Any, Optional, Union
+
+if TYPE_CHECKING:
+    import torch
+
+    from tandem.config import ModelConfig, ParallelConfig
+
+SUPPORTED_METHODS = ("draft_model",)
+# vLLM's other methods: recognised so the error can say "not supported" rather than "unknown".
+VLLM_METHODS = ("ngram", "medusa", "mlp_speculator", "draft_model", "suffix", "custom_class", "eagle",
+                "eagle3", "extract_hidden_states", "mtp", "dflash", "ngram_gpu", "dspark")
+DRAFT_SAMPLE_METHODS = ("greedy", "probabilistic")
+MAX_SPEC_LEN = 128  # vLLM's rejection sampler bound
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    model: Optional[str] = None
+    num_speculative_tokens: Optional[int] = None
+    method: Optional[str] = None
+    draft_tensor_parallel_size: Optional[int] = None
+    max_model_len: Optional[int] = None
+    revision: Optional[str] = None
+    draft_sample_method: str = "greedy"
+    use_heterogeneous_vocab: bool = False
+    # Filled by create(): the draft's resolved model config.
+    draft_model_config: Optional[Any] = None
+
+    @staticmethod
+    def create(raw: Union[dict, SpeculativeConfig], target: ModelConfig,
+               parallel: ParallelConfig, device: torch.device) -> SpeculativeConfig:
+        if isinstance(raw, SpeculativeConfig):
+            raw = {f.name: getattr(raw, f.name) for f in fields(raw)
+                   if f.name != "draft_model_config"}
+        if not isinstance(raw, dict):
+            raise ValueError("speculative_config must be a dict or a SpeculativeConfig, got "
+                             f"{type(raw).__name__}.")
+        raw = {str(k).replace("-", "_"): v for k, v in raw.items()}
+        if "tensor_parallel_size" in raw:
+            raise ValueError("'tensor_parallel_size' is not a valid argument in the "
+                             "speculative_config. Please pass 'draft_tensor_parallel_size' instead.")
+        allowed = [f.name for f in fields(SpeculativeConfig) if f.name != "draft_model_config"]
+        unknown = sorted(set(raw) - set(allowed))
+        if unknown:
+            raise ValueError(f"Unknown key(s) {unknown} in speculative_config; supported keys: "
+                             f"{allowed}.")
+        cfg = SpeculativeConfig(**raw)
+        cfg._verify(parallel)
+        return cfg._with_draft(target, device)
+
+    def _verify(self, parallel: ParallelConfig) -> None:
+        method = self.method
+        if method is None and self.model is None:
+            if self.num_speculative_tokens is not None:
+                raise ValueError("num_speculative_tokens was provided but without speculative model.")
+            raise ValueError("speculative_config needs 'model' (the draft model) for "
+                             "method='draft_model'.")
+        if method is not None and method not in SUPPORTED_METHODS:
+            what = ("is not supported by tandem" if method in VLLM_METHODS
+                    else "is unknown")
+            raise ValueError(f"Unsupported speculative method: '{method}' {what}; supported "
+                             f"methods: {list(SUPPORTED_METHODS)}.")
+        if self.model is None:
+            raise ValueError("speculative_config['model'] is required for method='draft_model'.")
+        if not isinstance(self.model, str) or not self.model:
+            raise ValueError(f"speculative_config['model'] must be a non-empty string, got "
+                             f"{self.model!r}.")
+        k = self.num_speculative_tokens
+        if k is None:
+            raise ValueError("A speculative model was provided, but `num_speculative_tokens` was "
+                             "not provided")
+        if not isinstance(k, int) or isinstance(k, bool) or k <= 0:
+            raise ValueError(f"Expected num_speculative_tokens to be greater than zero ({k}).")
+        if k > MAX_SPEC_LEN:
+            raise ValueError(f"num_speculative_tokens must be at most {MAX_SPEC_LEN}, got {k}.")
+        tp = self.draft_tensor_parallel_size
+        if tp is not None and tp not in (1, parallel.tensor_parallel_size):
+            raise ValueError(f"speculative_draft_tensor_parallel_size={tp} cannot be other value "
+                             "than 1 or target model tensor_parallel_size")
+        if self.draft_sample_method not in DRAFT_SAMPLE_METHODS:
+            raise ValueError(f"draft_sample_method must be one of {list(DRAFT_SAMPLE_METHODS)}, "
+                             f"got {self.draft_sample_method!r}.")
+        if not isinstance(self.use_heterogeneous_vocab, bool):
+            raise ValueError("use_heterogeneous_vocab must be true or false, got "
+                             f"{self.use_heterogeneous_vocab!r}.")
+        if self.use_heterogeneous_vocab:
+            if self.draft_sample_method != "greedy":
+                raise ValueError("use_heterogeneous_vocab currently only supports greedy draft "
+                                 "sampling. Set draft_sample_method='greedy' (the default) or omit it.")
+            raise ValueError("use_heterogeneous_vocab=True (Token-Level Intersection for a draft "
+                             "with another tokenizer) is not available in this build yet; use a "
+                             "draft that shares the target's tokenizer.")
+        if self.max_model_len is not None and (not isinstance(self.max_model_len, int)
+                                               or self.max_model_len < 1):
+            raise ValueError("speculative_config['max_model_len'] must be a positive integer, got "
+                             f"{self.max_model_len!r}.")
+
+    def _with_draft(self, target: ModelConfig, device: torch.device) -> SpeculativeConfig:
+        from tandem.config import ModelConfig
+        from tandem.loader.tokenizer import load_tokenizer
+
+        # The draft inherits dtype and seed from the target (as in vLLM).
+        draft = ModelConfig.create(self.model, None, target.dtype, None, target.seed,
+                                   self.revision, device, field_prefix="speculative_config.")
+        if self.max_model_len is not None:
+            if self.max_model_len > draft.max_model_len:
+                raise ValueError(f"speculative_max_model_len={self.max_model_len} cannot be "
+                                 f"larger than draft_max_model_len={draft.max_model_len}")
+            if self.max_model_len > target.max_model_len:
+                raise ValueError(f"speculative_max_model_len={self.max_model_len} cannot be "
+                                 f"larger than target_max_model_len={target.max_model_len}")
+        target_tok, draft_tok = load_tokenizer(target), load_tokenizer(draft)
+        if not same_tokenizer(target_tok, draft_tok):
+            raise ValueError(
+                "Target and draft model should have the same vocabulary. Target model "
+                f"vocab_size={target.vocab_size} ({len(target_tok)} tokens in its tokenizer). "
+                f"Draft model vocab_size={draft.vocab_size} ({len(draft_tok)} tokens in its "
+                "tokenizer). Using models with different tokenizers needs "
+                "\"use_heterogeneous_vocab\": true in speculative_config.")
+        return SpeculativeConfig(**{f.name: getattr(self, f.name) for f in fields(self)
+                                    if f.name != "draft_model_config"},
+                                 draft_model_config=draft)
+
+
+def same_tokenizer(a: Any, b: Any) -> bool:
+    """Same token strings at the same ids (config vocab sizes may differ by padding)."""
+    return len(a) == len(b) and a.get_vocab() == b.get_vocab()

@@ -1,0 +1,183 @@
+"""Model runner: SchedulerOutput -> flat tensors -> target forward -> logits -> sampled tokens.
+
+One forward pass covers every scheduled request: prompt chunks, single decode tokens, and
+verification of `1 + k` tokens (last token plus drafts). Logits are computed only for the rows
+that need them. Requests with drafts go through the rejection sampler, the rest through the sampler.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+from torch import nn
+
+from tandem.attention.context import forward_context
+from tandem.attention.metadata import build_attention_metadata
+from tandem.core.request import Request
+from tandem.core.sched_output import ScheduledRequest, SchedulerOutput
+from tandem.outputs import Logprob
+from tandem.sample.logprobs import compute_logprobs
+from tandem.sample.metadata import SamplingMetadata
+from tandem.sample.rejection_sampler import RejectionSampler
+from tandem.sample.sampler import Sampler
+
+
+@dataclass
+class RunnerOutput:
+    sampled: dict[str, list[int]] = field(default_factory=dict)        # request id -> new tokens
+    logprobs: dict[str, list[dict[int, Logprob]]] = field(default_factory=dict)
+    prompt_logprobs: dict[str, list[Optional[dict[int, Logprob]]]] = field(default_factory=dict)
+
+
+@dataclass
+class ForwardBatch:
+    input_ids: torch.Tensor   # [T]
+    positions: torch.Tensor   # [T]
+    query_lens: list[int]
+    seq_lens: list[int]
+    block_tables: list[list[int]]
+
+
+def run_model(model: nn.Module, batch: ForwardBatch, block_size: int,
+              logits_rows: torch.Tensor) -> torch.Tensor:
+    """Forward `batch` through `model` and return logits for the flat rows `logits_rows`."""
+    meta = build_attention_metadata(batch.query_lens, batch.seq_lens, batch.block_tables,
+                                    block_size, batch.input_ids.device)
+    with forward_context(meta), torch.inference_mode():
+        hidden = model(batch.input_ids, batch.positions)          # [T, hidden]
+        return model.compute_logits(hidden[logits_rows]).float()  # [N, vocab]
+
+
+def make_batch(token_ids: list[list[int]], starts: list[int], block_tables: list[list[int]],
+               device: torch.device) -> ForwardBatch:
+    """Request i computes token_ids[i] at positions starts[i], starts[i] + 1, ..."""
+    flat_ids: list[int] = []
+    positions: list[int] = []
+    for ids, start in zip(token_ids, starts):
+        flat_ids.extend(ids)
+        positions.extend(range(start, start + len(ids)))
+    return ForwardBatch(torch.tensor(flat_ids, dtype=torch.long, device=device),
+                        torch.tensor(positions, dtype=torch.long, device=device),
+                        [len(ids) for ids in token_ids],
+                        [s + len(ids) for ids, s in zip(token_ids, starts)], block_tables)
+
+
+class ModelRunner:
+    def __init__(self, model: nn.Module, block_size: int, device: torch.device,
+                 vocab_size: int, tokenizer) -> None:
+        self.model = model
+        self.block_size = block_size
+        self.device = device
+        self.vocab_size = vocab_size
+        self.tokenizer = tokenizer
+        self.sampler = Sampler()
+        self.rejection_sampler = RejectionSampler()
+
+    def execute(self, sched: SchedulerOutput) -> RunnerOutput:
+        out = RunnerOutput()
+        items = sched.scheduled
+        batch = make_batch([s.token_ids for s in items], [s.start for s in items],
+                           [s.block_table for s in items], self.device)
+        # Which flat rows need logits: all verified positions of requests with drafts, the last
+        # position of requests whose prompt is complete, every position for prompt logprobs.
+        rows: list[int] = []
+        sample_items: list[tuple[ScheduledRequest, int]] = []  # (item, first logits row of it)
+        prompt_lp_items: list[tuple[ScheduledRequest, int]] = []
+        offset = 0
+        for s in items:
+            n = s.num_new_tokens
+            if s.request.params.prompt_logprobs is not None and s.start < s.request.num_prompt_tokens:
+                prompt_lp_items.append((s, len(rows)))
+                rows.extend(range(offset, offset + n))
+                if s.completes_prompt:
+                    sample_items.append((s, len(rows) - 1))
+            elif s.completes_prompt:
+                k = len(s.spec_token_ids)
+                sample_items.append((s, len(rows)))
+                rows.extend(range(offset + n - k - 1, offset + n))
+            offset += n
+        if not rows:
+            run_model(self.model, batch, self.block_size, torch.zeros(0, dtype=torch.long))
+            return out
+        logits = run_model(self.model, batch, self.block_size,
+                           torch.tensor(rows, dtype=torch.long, device=self.device))
+        logits = logits[:, :self.vocab_size]
+        for s, first in prompt_lp_items:
+            out.prompt_logprobs[s.request.request_id] = self._prompt_logprobs(s, logits, first)
+        if sample_items:
+            self._sample(sample_items, logits, out)
+        return out
+
+    # -- sampling ------------------------------------------------------------------------------
+    def _sample(self, items: list[tuple[ScheduledRequest, int]], logits: torch.Tensor,
+                out: RunnerOutput) -> None:
+        reqs = [s.request for s, _ in items]
+        md = SamplingMetadata.from_params(
+            [r.params for r in reqs], [r.output_token_ids for r in reqs],
+            [r.prompt_token_ids for r in reqs], [r.generator for r in reqs], self.device)
+        counts = [len(s.spec_token_ids) for s, _ in items]
+        row_index = torch.tensor([first + j for (s, first), k in zip(items, counts)
+                                  for j in range(k + 1)], dtype=torch.long, device=self.device)
+        target = _mask_min_tokens(logits[row_index], reqs, counts)  # [sum(k + 1), V]
+        if any(counts):
+            draft_probs = None
+            if any(r.draft_probs is not None for r in reqs):
+                draft_probs = torch.cat([r.draft_probs for r in reqs if r.draft_probs is not None])
+            res = self.rejection_sampler(target, counts, [s.spec_token_ids for s, _ in items],
+                                         draft_probs, md)
+            tokens = res.token_ids
+        else:
+            tokens = [[t] for t in self.sampler(target, md).sampled_token_ids.tolist()]
+        row = 0
+        for (s, _), k, toks in zip(items, counts, tokens):
+            req = s.request
+            out.sampled[req.request_id] = toks
+            if req.params.logprobs is not None:
+                lp = compute_logprobs(logits[row_index[row:row + len(toks)]],
+                                      torch.tensor(toks, device=self.device), req.params.logprobs)
+                out.logprobs[req.request_id] = self._to_dicts(lp)
+            row += k + 1
+
+    def _prompt_logprobs(self, s: ScheduledRequest, logits: torch.Tensor,
+                         first: int) -> list[Optional[dict[int, Logprob]]]:
+        """Logprob of each prompt token given its prefix (position i predicts token i + 1)."""
+        req = s.request
+        n = min(s.num_new_tokens, req.num_prompt_tokens - s.start)
+        nxt = req.prompt_token_ids[s.start + 1:s.start + n + 1]
+        result: list[Optional[dict[int, Logprob]]] = [None] if s.start == 0 else []
+        if nxt:
+            lp = compute_logprobs(logits[first:first + len(nxt)],
+                                  torch.tensor(nxt, device=self.device), req.params.prompt_logprobs)
+            result.extend(self._to_dicts(lp))
+        return result
+
+    def _to_dicts(self, lp) -> list[dict[int, Logprob]]:
+        ids, values, ranks = lp.tolists()
+        result = []
+        for row_ids, row_vals, rank in zip(ids, values, ranks):
+            entry = {row_ids[0]: Logprob(row_vals[0], rank, self._token_text(row_ids[0]))}
+            for r, (tid, val) in enumerate(zip(row_ids[1:], row_vals[1:]), start=1):
+                entry.setdefault(tid, Logprob(val, r, self._token_text(tid)))
+            result.append(entry)
+        return result
+
+    def _token_text(self, token_id: int) -> str:
+        return self.tokenizer.decode([token_id])
+
+
+def _mask_min_tokens(logits: torch.Tensor, reqs: list[Request], counts: list[int]) -> torch.Tensor:
+    """Forbid stop tokens while a request is below min_tokens (such requests carry no drafts)."""
+    row = 0
+    for req, k in zip(reqs, counts):
+        p = req.params
+        if p.min_tokens and len(req.output_token_ids) < p.min_tokens:
+            stop_ids = set(p._all_stop_token_ids)
+            if req.eos_token_id is not None and not p.ignore_eos:
+                stop_ids.add(req.eos_token_id)
+            ids = [t for t in stop_ids if t < logits.shape[1]]
+            if ids:
+                logits[row, ids] = float("-inf")  # `logits` is already a gathered copy
+        row += k + 1
+    return logits
