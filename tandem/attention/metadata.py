@@ -24,6 +24,8 @@ class AttnGroup:
     q_pos: torch.Tensor      # [G, Qmax] int64 position of each query (padding -> 0)
     kv_slots: torch.Tensor   # [G, Lmax] int64 cache slot of key position j (padding -> 0)
     full_causal: bool        # one request whose queries are all its keys: plain causal attention
+    valid_rows: torch.Tensor  # [Nq] rows of the flattened [G * Qmax] queries that are real
+    out_index: torch.Tensor   # [Nq] flat token index of each real query row
     _masks: dict[Optional[int], torch.Tensor] = field(default_factory=dict)
 
     def mask(self, sliding_window: Optional[int]) -> torch.Tensor:
@@ -87,9 +89,11 @@ def _group(members: range, starts: list[int], query_lens: list[int], seq_lens: l
                          for p in range(slen)] + [0] * (lmax - slen))
     single = len(members) == 1
     r0 = members[0]
+    q_index_t = torch.tensor(q_index, dtype=torch.long, device=device)
+    q_valid_t = torch.tensor(q_valid, dtype=torch.bool, device=device)
     return AttnGroup(
-        q_index=torch.tensor(q_index, dtype=torch.long, device=device),
-        q_valid=torch.tensor(q_valid, dtype=torch.bool, device=device),
+        q_index=q_index_t, q_valid=q_valid_t,
+        valid_rows=q_valid_t.view(-1).nonzero().view(-1), out_index=q_index_t[q_valid_t],
         q_pos=torch.tensor(q_pos, dtype=torch.long, device=device),
         kv_slots=torch.tensor(kv_slots, dtype=torch.long, device=device),
         full_causal=single and query_lens[r0] == seq_lens[r0])

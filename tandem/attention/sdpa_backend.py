@@ -26,10 +26,16 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
                     sliding_window: Optional[int]) -> torch.Tensor:
     """q: [T, H, D] -> out [T, H, D]. Keys/values must already be written to the cache."""
     out = torch.empty_like(q)
+    _, h, d = q.shape
+    hkv = k_cache.shape[1]
     for g in meta.groups:
-        qg = q[g.q_index].transpose(1, 2)              # [G, H, Qmax, D]
-        kg = k_cache[g.kv_slots].transpose(1, 2)       # [G, Hkv, Lmax, D]
-        vg = v_cache[g.kv_slots].transpose(1, 2)
+        # index_select, not fancy indexing: the latter is ~1000x slower on CPU for these shapes.
+        n, qmax = g.q_index.shape
+        lmax = g.kv_slots.shape[1]
+        qg = q.index_select(0, g.q_index.view(-1)).view(n, qmax, h, d).transpose(1, 2)
+        kg = k_cache.index_select(0, g.kv_slots.view(-1)).view(n, lmax, hkv, d).transpose(1, 2)
+        vg = v_cache.index_select(0, g.kv_slots.view(-1)).view(n, lmax, hkv, d).transpose(1, 2)
+        # qg: [G, H, Qmax, D]; kg, vg: [G, Hkv, Lmax, D]
         gqa = qg.shape[1] != kg.shape[1]
         if g.full_causal and sliding_window is None:
             og = F.scaled_dot_product_attention(qg, kg, vg, is_causal=True, scale=scale,
@@ -37,6 +43,6 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         else:
             og = F.scaled_dot_product_attention(qg, kg, vg, attn_mask=g.mask(sliding_window),
                                                 scale=scale, enable_gqa=gqa)
-        og = og.transpose(1, 2)                        # [G, Qmax, H, D]
-        out[g.q_index[g.q_valid]] = og[g.q_valid]
+        og = og.transpose(1, 2).reshape(n * qmax, h, d)  # [G * Qmax, H, D]
+        out.index_copy_(0, g.out_index, og.index_select(0, g.valid_rows))
     return out

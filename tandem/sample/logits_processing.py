@@ -1,0 +1,111 @@
+"""From raw logits to the distribution a row is sampled from: penalties, temperature, min-p, top-k,
+top-p (vLLM semantics). Everything runs in float32 and never modifies its input in place."""
+
+from __future__ import annotations
+
+import torch
+
+from tandem.sample.metadata import SamplingMetadata
+
+
+def _token_counts(token_lists: list[list[int]], vocab_size: int,
+                  device: torch.device) -> torch.Tensor:
+    """[B, V] float32 occurrence counts; ids outside [0, V) are ignored."""
+    counts = torch.zeros(len(token_lists), vocab_size, dtype=torch.float32, device=device)
+    rows = [i for i, tokens in enumerate(token_lists) for _ in tokens]
+    cols = [t for tokens in token_lists for t in tokens]
+    if not cols:
+        return counts
+    row_t = torch.tensor(rows, dtype=torch.int64)  # [T]
+    col_t = torch.tensor(cols, dtype=torch.int64)  # [T]
+    valid = (col_t >= 0) & (col_t < vocab_size)
+    row_t, col_t = row_t[valid].to(device), col_t[valid].to(device)
+    counts.index_put_((row_t, col_t), torch.ones_like(row_t, dtype=torch.float32),
+                      accumulate=True)
+    return counts
+
+
+def apply_penalties(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
+    """vLLM penalties on [B, V] logits, returned as a new float32 tensor.
+
+    repetition: tokens seen in prompt or output get positive logits divided, non-positive ones
+    multiplied by the penalty; frequency: subtract penalty * count over the output; presence:
+    subtract penalty * [count > 0] over the output.
+    """
+    logits = logits.float().clone()  # [B, V]
+    num_rows, vocab_size = logits.shape
+    if num_rows == 0:
+        return logits
+    device = logits.device
+    output_counts = _token_counts(md.output_token_ids, vocab_size, device)  # [B, V]
+    output_seen = output_counts > 0                                         # [B, V]
+    prompt_seen = _token_counts(md.prompt_token_ids, vocab_size, device) > 0  # [B, V]
+
+    rep = md.repetition_penalty.to(device).unsqueeze(1)  # [B, 1]
+    seen = prompt_seen | output_seen
+    rep_scale = torch.where(seen, rep, torch.ones_like(rep))  # [B, V]
+    logits = torch.where(logits > 0, logits / rep_scale, logits * rep_scale)
+    logits -= md.frequency_penalty.to(device).unsqueeze(1) * output_counts
+    logits -= md.presence_penalty.to(device).unsqueeze(1) * output_seen.float()
+    return logits
+
+
+def filter_probs(probs: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+                 min_p: torch.Tensor) -> torch.Tensor:
+    """min-p, then top-k, then top-p on [B, V] probabilities; returns the renormalised result.
+
+    One stable descending sort serves all three, so ties are broken towards the lower token id.
+    Each filter keeps a prefix of the sorted order, so their combination is a prefix too.
+    """
+    vocab_size = probs.shape[-1]
+    sorted_p, order = probs.sort(dim=-1, descending=True, stable=True)  # [B, V] each
+    position = torch.arange(vocab_size, device=probs.device).unsqueeze(0)  # [1, V]
+
+    # min-p: drop tokens less likely than min_p times the most likely one.
+    keep = sorted_p >= min_p.unsqueeze(1) * sorted_p[:, :1]  # [B, V]
+    # top-k: keep the first k of the sorted order (0 = off).
+    k = torch.where(top_k > 0, top_k, torch.full_like(top_k, vocab_size))
+    keep &= position < k.unsqueeze(1)
+    # top-p on the distribution left after min-p/top-k: keep a token while the mass strictly
+    # before it is still below top_p, i.e. the smallest prefix reaching top_p. Position 0 always
+    # survives (its prefix mass is 0 < top_p); top_p >= 1 is "off", immune to rounding in cumsum.
+    kept = sorted_p * keep                                  # [B, V]
+    cum = kept.cumsum(dim=-1)                               # [B, V]
+    mass_before = (cum - kept) / cum[:, -1:]                # [B, V]
+    tp = top_p.unsqueeze(1)                                 # [B, 1]
+    keep &= (mass_before < tp) | (tp >= 1.0)
+
+    filtered = torch.zeros_like(probs).scatter_(-1, order, sorted_p * keep)  # [B, V]
+    return filtered / filtered.sum(dim=-1, keepdim=True)
+
+
+def compute_probs(logits: torch.Tensor, md: SamplingMetadata,
+                  apply_penalty: bool = True) -> torch.Tensor:
+    """[B, V] float32 distribution each row samples from.
+
+    Random rows: penalties -> / temperature -> softmax -> min-p -> top-k -> top-p -> renormalise.
+    Greedy rows (temperature 0): one-hot at the argmax of the penalised logits.
+    Pass apply_penalty=False when `logits` are already penalised.
+    """
+    logits = logits.float()  # [B, V]
+    if apply_penalty and not md.no_penalties:
+        logits = apply_penalties(logits, md)
+    device = logits.device
+    temperature = md.temperature.to(device)  # [B]
+    greedy = temperature == 0.0              # [B]
+
+    def one_hot_argmax() -> torch.Tensor:  # [B, V]
+        out = torch.zeros_like(logits)
+        return out.scatter_(-1, logits.argmax(dim=-1, keepdim=True), 1.0)
+
+    if md.all_greedy:
+        return one_hot_argmax()
+    # Greedy rows divide by 1 here and are overwritten below.
+    safe_t = torch.where(greedy, torch.ones_like(temperature), temperature)
+    probs = torch.softmax(logits / safe_t.unsqueeze(1), dim=-1)  # [B, V]
+    if not md.no_filters:
+        probs = filter_probs(probs, md.top_k.to(device), md.top_p.to(device),
+                             md.min_p.to(device))
+    if not md.all_random:
+        probs = torch.where(greedy.unsqueeze(1), one_hot_argmax(), probs)
+    return probs

@@ -1,0 +1,127 @@
+"""SamplingMetadata: the per-row sampling options of one batch, as tensors, plus per-row RNGs.
+
+One row per request (or, after `expand`, one row per verified position). Every random draw for row i
+uses `generators[i]` only, so a request's output never depends on what else is in the batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from tandem.sampling_params import SamplingParams
+
+
+@dataclass
+class SamplingMetadata:
+    temperature: torch.Tensor         # [B] float32, 0.0 for greedy rows
+    top_p: torch.Tensor               # [B] float32, 1.0 = off
+    top_k: torch.Tensor               # [B] int64, 0 = off
+    min_p: torch.Tensor               # [B] float32, 0.0 = off
+    presence_penalty: torch.Tensor    # [B] float32, 0.0 = off
+    frequency_penalty: torch.Tensor   # [B] float32, 0.0 = off
+    repetition_penalty: torch.Tensor  # [B] float32, 1.0 = off
+    generators: list[torch.Generator]  # [B], one per row; copies made by `expand` share the object
+    output_token_ids: list[list[int]]  # [B] tokens generated so far (frequency/presence/repetition)
+    prompt_token_ids: list[list[int]]  # [B] prompt tokens (repetition penalty only, as vLLM)
+    all_greedy: bool
+    all_random: bool
+    no_penalties: bool
+    no_filters: bool  # no random row uses top-p, top-k or min-p
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.generators)
+
+    @classmethod
+    def from_params(cls, params: list[SamplingParams], output_token_ids: list[list[int]],
+                    prompt_token_ids: list[list[int]], generators: list[torch.Generator],
+                    device: torch.device) -> SamplingMetadata:
+        n = len(params)
+        if not (len(output_token_ids) == len(prompt_token_ids) == len(generators) == n):
+            raise ValueError(
+                f"SamplingMetadata needs one entry per request: {n} params, "
+                f"{len(output_token_ids)} output_token_ids, {len(prompt_token_ids)} "
+                f"prompt_token_ids, {len(generators)} generators.")
+
+        def f32(values: list[float]) -> torch.Tensor:
+            return torch.tensor(values, dtype=torch.float32, device=device)
+
+        greedy = [p.temperature == 0.0 for p in params]
+        random_params = [p for p, g in zip(params, greedy) if not g]
+        return cls(
+            temperature=f32([p.temperature for p in params]),
+            top_p=f32([p.top_p for p in params]),
+            # SamplingParams maps -1 to 0 already; clamp defensively so "off" is always 0.
+            top_k=torch.tensor([max(p.top_k, 0) for p in params], dtype=torch.int64,
+                               device=device),
+            min_p=f32([p.min_p for p in params]),
+            presence_penalty=f32([p.presence_penalty for p in params]),
+            frequency_penalty=f32([p.frequency_penalty for p in params]),
+            repetition_penalty=f32([p.repetition_penalty for p in params]),
+            generators=list(generators),
+            output_token_ids=[list(t) for t in output_token_ids],
+            prompt_token_ids=[list(t) for t in prompt_token_ids],
+            all_greedy=all(greedy),
+            all_random=not any(greedy),
+            no_penalties=not any(p.has_penalties for p in params),
+            # Filters only matter for random rows: greedy rows become a one-hot anyway.
+            no_filters=all(p.top_p >= 1.0 and p.top_k <= 0 and p.min_p <= 0.0
+                           for p in random_params),
+        )
+
+    def expand(self, counts: list[int],
+               extra_output_ids: list[list[list[int]]]) -> SamplingMetadata:
+        """Row i repeated counts[i] times; copy j of row i sees output_token_ids[i] +
+        extra_output_ids[i][j] (the rejection sampler passes the draft prefix drafts[:j])."""
+        if len(counts) != self.num_rows or len(extra_output_ids) != self.num_rows:
+            raise ValueError(f"expand needs one count and one extra list per row "
+                             f"({self.num_rows}), got {len(counts)} and {len(extra_output_ids)}.")
+        for i, (c, extra) in enumerate(zip(counts, extra_output_ids)):
+            if len(extra) != c:
+                raise ValueError(f"row {i}: counts says {c} copies but extra_output_ids has "
+                                 f"{len(extra)}.")
+        device = self.temperature.device
+        repeats = torch.tensor(counts, dtype=torch.int64, device=device)  # [B]
+
+        def rep(t: torch.Tensor) -> torch.Tensor:  # [B] -> [sum(counts)]
+            return torch.repeat_interleave(t, repeats, output_size=sum(counts))
+
+        generators: list[torch.Generator] = []
+        outputs: list[list[int]] = []
+        prompts: list[list[int]] = []
+        for i, c in enumerate(counts):
+            generators += [self.generators[i]] * c
+            prompts += [self.prompt_token_ids[i]] * c  # shared, never mutated
+            outputs += [self.output_token_ids[i] + list(e) for e in extra_output_ids[i]]
+        return SamplingMetadata(
+            temperature=rep(self.temperature), top_p=rep(self.top_p), top_k=rep(self.top_k),
+            min_p=rep(self.min_p), presence_penalty=rep(self.presence_penalty),
+            frequency_penalty=rep(self.frequency_penalty),
+            repetition_penalty=rep(self.repetition_penalty),
+            generators=generators, output_token_ids=outputs, prompt_token_ids=prompts,
+            all_greedy=self.all_greedy, all_random=self.all_random,
+            no_penalties=self.no_penalties, no_filters=self.no_filters,
+        )
+
+    def select(self, rows: list[int]) -> SamplingMetadata:
+        """The sub-batch of the given rows, in that order (generators are shared, not copied)."""
+        if rows == list(range(self.num_rows)):
+            return self
+        index = torch.tensor(rows, dtype=torch.int64, device=self.temperature.device)  # [R]
+        greedy = [float(t) == 0.0 for t in self.temperature[index].tolist()]
+        return SamplingMetadata(
+            temperature=self.temperature[index], top_p=self.top_p[index], top_k=self.top_k[index],
+            min_p=self.min_p[index], presence_penalty=self.presence_penalty[index],
+            frequency_penalty=self.frequency_penalty[index],
+            repetition_penalty=self.repetition_penalty[index],
+            generators=[self.generators[i] for i in rows],
+            output_token_ids=[self.output_token_ids[i] for i in rows],
+            prompt_token_ids=[self.prompt_token_ids[i] for i in rows],
+            all_greedy=all(greedy), all_random=not any(greedy),
+            # Still valid for a subset (they are "for all rows" statements).
+            no_penalties=self.no_penalties, no_filters=self.no_filters,
+        )

@@ -1,0 +1,48 @@
+"""Shared fixtures: tiny random models built once per session (never downloaded)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from tiny_models import build_tiny_model  # noqa: E402
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+torch.set_num_threads(min(2, os.cpu_count() or 1))
+
+PROMPTS = [
+    "The future of AI is",
+    "Hello, my name is",
+    "Once upon a time there was a little robot who wanted to learn how to paint",
+    "What is the difference between weather and climate?",
+    "1 2 3 4 5",
+    "The capital of France is",
+    "Python code: def f(x):",
+    "Speculative decoding uses a small draft model to propose tokens that a large target model "
+    "verifies in one pass, which makes generation faster without changing the output.",
+]
+
+
+@pytest.fixture(scope="session")
+def tiny_dirs(tmp_path_factory) -> dict[str, str]:
+    """One tiny model per architecture, plus an unrelated random llama to serve as a bad draft."""
+    root = tmp_path_factory.mktemp("tiny")
+    dirs = {arch: str(build_tiny_model(root / arch, arch)) for arch in
+            ("llama", "qwen2", "qwen3", "gemma3")}
+    dirs["llama_other"] = str(build_tiny_model(root / "llama_other", "llama", seed=123))
+    return dirs
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tiny_dirs) -> str:
+    return tiny_dirs["llama"]
+
+
+@pytest.fixture(scope="session")
+def prompts() -> list[str]:
+    return list(PROMPTS)
