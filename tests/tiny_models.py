@@ -126,3 +126,29 @@ def build_tiny_model(out_dir: Path, arch: str = "llama", seed: int = 0, num_laye
                 p.mul_(4.0)
     model.save_pretrained(out_dir, safe_serialization=True)
     return out_dir
+
+
+def build_small_vocab_model(out_dir: Path, seed: int, vocab_size: int = 24,
+                            logit_scale: float = 3.0) -> Path:
+    """A 2-layer llama over a word-level vocabulary of `vocab_size` tokens, small enough that the
+    exact distribution of the first few generated tokens can be enumerated."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    words = ["<unk>", "<eos>"] + [f"w{i}" for i in range(vocab_size - 2)]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", eos_token="<eos>")
+    fast.save_pretrained(out_dir)
+    cfg = LlamaConfig(vocab_size=vocab_size, hidden_size=32, intermediate_size=64,
+                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                      max_position_embeddings=64, eos_token_id=1, bos_token_id=None,
+                      pad_token_id=None, tie_word_embeddings=False)
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(cfg).to(torch.float32)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(logit_scale / model.lm_head.weight.std() / 32 ** 0.5)
+    model.save_pretrained(out_dir, safe_serialization=True)
+    return out_dir

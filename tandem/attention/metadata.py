@@ -22,7 +22,8 @@ class AttnGroup:
     q_index: torch.Tensor    # [G, Qmax] int64 flat token index of each query (padding -> 0)
     q_valid: torch.Tensor    # [G, Qmax] bool
     q_pos: torch.Tensor      # [G, Qmax] int64 position of each query (padding -> 0)
-    kv_slots: torch.Tensor   # [G, Lmax] int64 cache slot of key position j (padding -> 0)
+    kv_slots: torch.Tensor   # [G, Lmax] int64 cache slot of key position j (padding -> slot 0,
+                             # in the always-zero null block)
     full_causal: bool        # one request whose queries are all its keys: plain causal attention
     valid_rows: torch.Tensor  # [Nq] rows of the flattened [G * Qmax] queries that are real
     out_index: torch.Tensor   # [Nq] flat token index of each real query row

@@ -1,6 +1,8 @@
 """Block pool: fixed-size KV blocks with reference counts and a prefix cache of full blocks.
 
-Free blocks sit in an LRU queue. A freed block that holds a cached prefix keeps its hash, so a
+Block 0 is the null block: never handed out, always zero. Attention pads key lists with its slots, so
+the KV tensors need no zero-fill (allocating gigabytes of zeros is slow). Free blocks sit in an LRU
+queue. A freed block that holds a cached prefix keeps its hash, so a
 later request with the same prefix can revive it; it is evicted only when its id is handed out anew.
 """
 
@@ -20,15 +22,18 @@ class KVBlock:
 
 class BlockPool:
     def __init__(self, num_blocks: int, enable_caching: bool) -> None:
-        self.blocks = [KVBlock(i) for i in range(num_blocks)]
+        """`num_blocks` usable blocks, ids 1..num_blocks (0 is the null block)."""
+        self.blocks = [KVBlock(i) for i in range(num_blocks + 1)]
         self.enable_caching = enable_caching
-        self.free_queue: OrderedDict[int, KVBlock] = OrderedDict((b.block_id, b) for b in self.blocks)
+        self.free_queue: OrderedDict[int, KVBlock] = OrderedDict(
+            (b.block_id, b) for b in self.blocks[1:])
         self.cached: dict[bytes, KVBlock] = {}
         self.num_evictions = 0
 
     @property
     def num_blocks(self) -> int:
-        return len(self.blocks)
+        """Usable blocks (the null block excluded)."""
+        return len(self.blocks) - 1
 
     @property
     def num_free_blocks(self) -> int:

@@ -54,9 +54,13 @@ def determine_num_blocks(models: list[nn.Module], cache: CacheConfig, dtype: tor
 
 def allocate_kv_caches(model: nn.Module, num_blocks: int, block_size: int, dtype: torch.dtype,
                        device: torch.device) -> None:
-    """Bind zeroed caches to each attention layer (zeros, so padded reads are finite)."""
-    slots = num_blocks * block_size
+    """Bind caches of `num_blocks` usable blocks plus the null block 0 to each attention layer.
+
+    Only the null block is zeroed: padded key positions read it, and a masked-out NaN would still
+    poison the attention output (0 * NaN). Every other slot is written before it is read."""
+    slots = (num_blocks + 1) * block_size
     for attn in model.attention_layers():
-        attn.k_cache = torch.zeros(slots, attn.num_kv_heads, attn.head_dim, dtype=dtype,
-                                   device=device)
-        attn.v_cache = torch.zeros_like(attn.k_cache)
+        for name in ("k_cache", "v_cache"):
+            cache = torch.empty(slots, attn.num_kv_heads, attn.head_dim, dtype=dtype, device=device)
+            cache[:block_size].zero_()
+            setattr(attn, name, cache)

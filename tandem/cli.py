@@ -1,0 +1,78 @@
+"""The `tandem` command: `tandem serve MODEL [flags]` (vLLM's flags) and `tandem --version`.
+
+Heavy imports (torch, FastAPI) happen only once a command needs them, so `--help`, `--version`
+and argument errors answer at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from typing import Optional, Sequence
+
+from tandem.entrypoints.openai.args import (ArgumentError, engine_kwargs, make_serve_parser,
+                                            one_line, parse_serve_args, print_error_and_exit,
+                                            tandem_version)
+
+COMMANDS = {"serve": "start the OpenAI-compatible server: tandem serve MODEL [--port 8000 ...]"}
+
+# Errors a user's configuration can cause at start-up: answered in one line, not a traceback.
+STARTUP_ERRORS = (ValueError, TypeError, OSError, NotImplementedError, KeyError)
+
+
+def _usage() -> str:
+    lines = ["usage: tandem [--version] COMMAND [ARGS]", "", "commands:"]
+    lines += [f"  {name:8s} {text}" for name, text in COMMANDS.items()]
+    lines += ["", "Run `tandem COMMAND --help` for a command's flags."]
+    return "\n".join(lines)
+
+
+def _setup_logging() -> None:
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(levelname)s %(asctime)s [%(name)s] %(message)s",
+                                           "%H:%M:%S"))
+    root = logging.getLogger("tandem")
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+
+
+def serve(argv: Sequence[str], launch_time: float) -> None:
+    if any(a in ("-h", "--help") for a in argv):
+        make_serve_parser().print_help()
+        return
+    try:
+        args = parse_serve_args(argv)
+    except ArgumentError as e:
+        print_error_and_exit(str(e), 2)
+    _setup_logging()
+    from tandem.engine.async_engine import AsyncLLMEngine
+    from tandem.entrypoints.chat_utils import load_chat_template
+    from tandem.entrypoints.openai.api_server import run_server
+    try:
+        chat_template = load_chat_template(args.chat_template)
+        engine = AsyncLLMEngine.from_kwargs(log_stats=not args.disable_log_stats,
+                                            **engine_kwargs(args))
+    except STARTUP_ERRORS as e:
+        print_error_and_exit(one_line(e), 1)
+    run_server(args, engine, chat_template, launch_time)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    launch_time = time.perf_counter()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(_usage())
+        return
+    if argv[0] in ("-V", "--version", "version"):
+        print(f"tandem {tandem_version()}")
+        return
+    if argv[0] == "serve":
+        serve(argv[1:], launch_time)
+        return
+    print(f"tandem: error: unknown command {argv[0]!r}\n\n{_usage()}", file=sys.stderr)
+    sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,264 @@
+"""AsyncLLMEngine: drives the (not thread-safe) LLMEngine from one background thread for asyncio
+callers such as the OpenAI server.
+
+The thread owns the engine: it drains an inbox of commands (add, abort, call), runs `step()` while
+there is work, and hands each request's outputs to that request's asyncio queue through
+`loop.call_soon_threadsafe`. Everything that touches the engine runs on that thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import copy
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Callable, Optional, Union
+
+from tandem.outputs import RequestOutput
+from tandem.sampling_params import SamplingParams
+
+logger = logging.getLogger("tandem.async_engine")
+
+_IDLE_WAIT_S = 0.05  # how long the thread blocks on an empty inbox before checking for shutdown
+
+
+class EngineStepError(RuntimeError):
+    """step() raised; every request in flight at that moment fails with this (an HTTP 500)."""
+
+
+class EngineDeadError(RuntimeError):
+    """The engine thread is not running."""
+
+
+@dataclass
+class _Add:
+    request_id: str
+    prompt: Union[str, list[int]]
+    params: SamplingParams
+    stream: asyncio.Queue
+    loop: asyncio.AbstractEventLoop
+    done: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
+
+
+@dataclass
+class _Abort:
+    request_id: str
+
+
+@dataclass
+class _Call:
+    fn: Callable[[Any], Any]
+    done: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
+
+
+def _snapshot(out: RequestOutput) -> RequestOutput:
+    """Copy the lists the engine may keep appending to, so the event loop reads a stable view."""
+    snap = copy.copy(out)
+    snap.outputs = []
+    for o in out.outputs:
+        c = copy.copy(o)
+        c.token_ids = list(o.token_ids)
+        c.logprobs = list(o.logprobs) if o.logprobs is not None else None
+        c.spec_decode_stats = copy.deepcopy(o.spec_decode_stats)
+        snap.outputs.append(c)
+    snap.prompt_token_ids = list(out.prompt_token_ids)
+    snap.prompt_logprobs = list(out.prompt_logprobs) if out.prompt_logprobs is not None else None
+    return snap
+
+
+class AsyncLLMEngine:
+    def __init__(self, engine: Any, log_stats: bool = False, log_interval_s: float = 10.0) -> None:
+        self.engine = engine
+        # Read-only after construction, so safe to use from the event loop.
+        self.tokenizer = engine.tokenizer
+        self.max_model_len: int = engine.model_config.max_model_len
+        self.vocab_size: int = engine.model_config.vocab_size
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        self._stop = threading.Event()
+        self._log_stats = log_stats
+        self._log_interval_s = log_interval_s
+        self._thread = threading.Thread(target=self._run, name="tandem-engine", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def from_kwargs(cls, log_stats: bool = False, **kwargs: Any) -> AsyncLLMEngine:
+        from tandem.engine.llm_engine import LLMEngine
+        return cls(LLMEngine.from_kwargs(**kwargs), log_stats=log_stats)
+
+    # ---- event-loop side -------------------------------------------------------------------
+
+    @property
+    def is_running(self) -> bool:
+        return self._thread.is_alive() and not self._stop.is_set()
+
+    @property
+    def num_in_flight(self) -> int:
+        return len(self._streams)
+
+    def _check_alive(self) -> None:
+        if not self.is_running:
+            raise EngineDeadError("the engine loop is not running")
+
+    async def add_request(self, request_id: str, prompt: Union[str, list[int]],
+                          params: SamplingParams) -> asyncio.Queue:
+        """Queue a request; raises what engine.add_request raises (ValueError for bad input)."""
+        self._check_alive()
+        loop = asyncio.get_running_loop()
+        cmd = _Add(request_id, prompt, params, asyncio.Queue(), loop)
+        self._inbox.put(cmd)
+        await asyncio.wrap_future(cmd.done)
+        return cmd.stream
+
+    async def generate(self, prompt: Union[str, list[int]], params: SamplingParams,
+                       request_id: str) -> AsyncIterator[RequestOutput]:
+        """Yield cumulative RequestOutputs until the request finishes. Leaving early (break,
+        cancellation, client disconnect) aborts the request so its KV blocks are freed."""
+        stream = await self.add_request(request_id, prompt, params)
+        outputs = self.iterate(request_id, stream)
+        try:
+            async for out in outputs:
+                yield out
+        finally:
+            await outputs.aclose()  # runs iterate's abort now, not when garbage-collected
+
+    async def iterate(self, request_id: str, stream: asyncio.Queue) -> AsyncIterator[RequestOutput]:
+        """The outputs of a request added with add_request (split out so a caller can add several
+        requests, and report a bad one, before streaming any)."""
+        finished = False
+        try:
+            while not finished:
+                item = await stream.get()
+                # Outputs are cumulative: when the consumer lags, only the newest one matters.
+                while not stream.empty() and not isinstance(item, BaseException):
+                    item = stream.get_nowait()
+                if isinstance(item, BaseException):
+                    finished = True
+                    raise item
+                finished = item.finished
+                yield item
+        finally:
+            if not finished:
+                self.abort_nowait(request_id)
+
+    def abort_nowait(self, request_id: str) -> None:
+        self._inbox.put(_Abort(request_id))
+
+    async def abort(self, request_id: str) -> None:
+        self.abort_nowait(request_id)
+        await self.call(lambda _engine: None)  # returns once the abort has been applied
+
+    async def call(self, fn: Callable[[Any], Any]) -> Any:
+        """Run `fn(engine)` on the engine thread between steps (e.g. reading metrics)."""
+        self._check_alive()
+        cmd = _Call(fn)
+        self._inbox.put(cmd)
+        return await asyncio.wrap_future(cmd.done)
+
+    async def get_metrics(self) -> list:
+        return await self.call(lambda engine: engine.get_metrics())
+
+    async def num_free_kv_blocks(self) -> Optional[int]:
+        return await self.call(lambda engine: engine.num_free_kv_blocks()
+                               if hasattr(engine, "num_free_kv_blocks") else None)
+
+    def shutdown(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        self._thread.join(timeout)
+
+    # ---- engine-thread side ----------------------------------------------------------------
+
+    def _deliver(self, request_id: str, item: Union[RequestOutput, BaseException],
+                 last: bool = False) -> None:
+        # Forget a finished request before its caller can observe the end.
+        target = self._streams.pop(request_id, None) if last else self._streams.get(request_id)
+        if target is None:
+            return
+        loop, stream = target
+        try:
+            loop.call_soon_threadsafe(stream.put_nowait, item)
+        except RuntimeError:  # the caller's loop is closed; nobody is listening
+            self._streams.pop(request_id, None)
+
+    def _handle(self, cmd: Union[_Add, _Abort, _Call]) -> None:
+        if isinstance(cmd, _Add):
+            if cmd.request_id in self._streams:
+                cmd.done.set_exception(ValueError(f"duplicate request id {cmd.request_id!r}"))
+                return
+            try:
+                self.engine.add_request(cmd.request_id, cmd.prompt, cmd.params)
+            except Exception as e:  # ValueError for bad input; anything else still goes back
+                cmd.done.set_exception(e)
+                return
+            self._streams[cmd.request_id] = (cmd.loop, cmd.stream)
+            cmd.done.set_result(None)
+        elif isinstance(cmd, _Abort):
+            if self._streams.pop(cmd.request_id, None) is not None:
+                try:
+                    self.engine.abort_request(cmd.request_id)
+                except Exception:
+                    logger.exception("abort_request(%s) failed", cmd.request_id)
+        else:
+            try:
+                cmd.done.set_result(cmd.fn(self.engine))
+            except Exception as e:
+                cmd.done.set_exception(e)
+
+    def _fail_all(self, error: BaseException) -> None:
+        """After a failed step, fail every request in flight and drop it from the engine, so
+        the next requests start from a clean scheduler."""
+        failed = EngineStepError(f"internal engine error: {type(error).__name__}: {error}")
+        for request_id in list(self._streams):
+            self._deliver(request_id, failed, last=True)
+            try:
+                self.engine.abort_request(request_id)
+            except Exception:
+                logger.exception("abort_request(%s) failed after a step error", request_id)
+
+    def _run(self) -> None:
+        last_log = time.monotonic()
+        while not self._stop.is_set():
+            busy = bool(self._streams) and self._has_work()
+            try:
+                cmd = self._inbox.get(block=not busy, timeout=None if busy else _IDLE_WAIT_S)
+                self._handle(cmd)
+                while True:
+                    self._handle(self._inbox.get_nowait())
+            except queue.Empty:
+                pass
+            if not self._has_work():
+                continue
+            try:
+                for out in self.engine.step():
+                    if out.request_id not in self._streams:
+                        continue  # aborted while the step ran
+                    self._deliver(out.request_id, _snapshot(out), last=out.finished)
+            except Exception as e:  # the loop must outlive any one bad step
+                logger.exception("engine step failed; failing %d request(s)", len(self._streams))
+                self._fail_all(e)
+                continue
+            if self._log_stats and time.monotonic() - last_log > self._log_interval_s:
+                last_log = time.monotonic()
+                self._log_stats_line()
+
+    def _has_work(self) -> bool:
+        try:
+            return bool(self.engine.has_unfinished_requests())
+        except Exception:
+            logger.exception("has_unfinished_requests failed")
+            return False
+
+    def _log_stats_line(self) -> None:
+        try:
+            metrics = {m.name: getattr(m, "value", None) for m in self.engine.get_metrics()}
+        except Exception:
+            return
+        accepted = metrics.get("tandem:spec_decode_num_accepted_tokens")
+        drafted = metrics.get("tandem:spec_decode_num_draft_tokens")
+        spec = (f", draft acceptance {accepted / drafted:.1%}"
+                if accepted is not None and drafted else "")
+        logger.info("running requests: %d%s", len(self._streams), spec)

@@ -1,0 +1,96 @@
+"""Chat messages -> prompt text through the tokenizer's (or a user-supplied) Jinja chat template.
+
+Shared by the server and the offline `LLM.chat`, so errors are plain ValueErrors that each caller
+maps to its own surface (a 400 on the server).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Iterable, Mapping, Optional
+
+
+class ChatTemplateError(ValueError):
+    """The tokenizer has no chat template and none was supplied."""
+
+
+NO_TEMPLATE_MESSAGE = (
+    "This model's tokenizer has no chat template (it is probably a base model), so chat messages "
+    "cannot be formatted. Start the server with `--chat-template FILE_OR_TEMPLATE`, or pass "
+    "`chat_template=` to `LLM.chat`, or use the completions API instead.")
+
+
+def load_chat_template(value: Optional[str]) -> Optional[str]:
+    """`--chat-template` takes a file path or the template text itself."""
+    if value is None:
+        return None
+    if os.path.isfile(value):
+        with open(value, encoding="utf-8") as f:
+            return f.read()
+    if "{{" in value or "{%" in value:
+        return value
+    raise ValueError(f"--chat-template {value!r} is neither a file nor a Jinja template")
+
+
+def _content_text(content: Any) -> str:
+    """Content is a string or OpenAI's list of parts; only text parts are supported."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, Iterable) and not isinstance(content, (bytes, Mapping)):
+        texts: list[str] = []
+        for part in content:
+            if isinstance(part, str):
+                texts.append(part)
+                continue
+            if not isinstance(part, Mapping):
+                raise ValueError(f"unsupported message content part: {part!r}")
+            kind = part.get("type", "text")
+            if kind not in ("text", "input_text"):
+                raise ValueError(f"unsupported message content part type {kind!r}: this server "
+                                 f"accepts text parts only")
+            texts.append(str(part.get("text", "")))
+        return "\n".join(texts)
+    raise ValueError(f"unsupported message content: {content!r}")
+
+
+def normalize_messages(messages: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Plain dicts with string content; other keys (name, tool_calls, ...) pass through."""
+    out: list[dict[str, Any]] = []
+    for message in messages:
+        if not isinstance(message, Mapping) or "role" not in message:
+            raise ValueError(f"each message needs a 'role', got {message!r}")
+        item = {k: v for k, v in message.items() if v is not None}
+        item["content"] = _content_text(message.get("content"))
+        out.append(item)
+    return out
+
+
+def apply_chat_template(tokenizer: Any, messages: Iterable[Mapping[str, Any]],
+                        chat_template: Optional[str] = None, add_generation_prompt: bool = True,
+                        continue_final_message: bool = False, **template_kwargs: Any) -> str:
+    """Render `messages` to prompt text. Raises ChatTemplateError when no template exists and
+    ValueError for malformed messages or incompatible options."""
+    template = chat_template or getattr(tokenizer, "chat_template", None)
+    if not template:
+        raise ChatTemplateError(NO_TEMPLATE_MESSAGE)
+    if add_generation_prompt and continue_final_message:
+        raise ValueError("continue_final_message and add_generation_prompt cannot both be true: "
+                         "set add_generation_prompt=false to continue the final message")
+    conversation = normalize_messages(messages)
+    if continue_final_message and (not conversation
+                                   or conversation[-1].get("role") != "assistant"):
+        raise ValueError("continue_final_message needs a final assistant message to continue")
+    try:
+        text = tokenizer.apply_chat_template(
+            conversation, chat_template=template, tokenize=False,
+            add_generation_prompt=add_generation_prompt,
+            continue_final_message=continue_final_message, **template_kwargs)
+    except ChatTemplateError:
+        raise
+    except Exception as e:  # jinja errors (raise_exception, undefined names) are the user's
+        raise ValueError(f"chat template failed: {e}") from e
+    if not isinstance(text, str):  # some tokenizers return a list for batched input
+        text = text[0]
+    return text

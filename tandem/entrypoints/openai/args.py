@@ -1,0 +1,206 @@
+"""Command-line arguments of `tandem serve`, spelled as vLLM spells them.
+
+vLLM users paste their commands unchanged, so flags take hyphen or underscore spellings, JSON
+flags take dotted forms (`--speculative-config.model X`), and removed flags point at the new one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+from typing import Any, Optional, Sequence
+
+DEFAULT_PORT = 8000
+
+# Flags vLLM removed in favour of --speculative-config, mapped to the config key they became.
+REMOVED_SPEC_FLAGS: dict[str, str] = {
+    "--speculative-model": "model",
+    "--num-speculative-tokens": "num_speculative_tokens",
+    "--speculative-draft-tensor-parallel-size": "draft_tensor_parallel_size",
+    "--speculative-max-model-len": "max_model_len",
+    "--speculative-disable-by-batch-size": "disable_by_batch_size",
+    "--ngram-prompt-lookup-max": "prompt_lookup_max",
+    "--ngram-prompt-lookup-min": "prompt_lookup_min",
+}
+
+
+class ArgumentError(Exception):
+    """A bad command line; the CLI prints the message on one line and exits with status 2."""
+
+
+def normalize_argv(argv: Sequence[str]) -> list[str]:
+    """Rewrite `_` to `-` in `--flag` names (before any `=` or `.`), as vLLM's parser does."""
+    out: list[str] = []
+    for arg in argv:
+        if arg.startswith("--") and len(arg) > 2:
+            name, eq, value = arg.partition("=")
+            head, dot, tail = name.partition(".")
+            out.append(head.replace("_", "-") + dot + tail + eq + value)
+        else:
+            out.append(arg)
+    return out
+
+
+def parse_max_model_len(value: str) -> Optional[int]:
+    """`2048`, `1k` (1000), `1K` (1024), `25.6k`, `-1`/`auto` (None = the model's own limit)."""
+    text = value.strip()
+    if text.lower() in ("auto", "-1"):
+        return None
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)([kKmMgG]?)", text)
+    if not match:
+        raise argparse.ArgumentTypeError(
+            f"invalid max model length {value!r}: use an integer, 1k/1K-style sizes, -1 or auto")
+    number, unit = float(match.group(1)), match.group(2)
+    scale = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9,
+             "K": 2**10, "M": 2**20, "G": 2**30}[unit]
+    result = number * scale
+    if result != int(result) or result <= 0:
+        raise argparse.ArgumentTypeError(f"invalid max model length {value!r}")
+    return int(result)
+
+
+def _json_value(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def parse_speculative_config(text: Optional[str], dotted: dict[str, str]) -> Optional[dict]:
+    """Parse the JSON flag (keys with `-` become `_`) and merge `--speculative-config.KEY` forms."""
+    config: dict[str, Any] = {}
+    if text is not None:
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ArgumentError(f"--speculative-config is not valid JSON ({e.msg} at column "
+                                f"{e.colno}): {text}") from None
+        if not isinstance(value, dict):
+            raise ArgumentError(f"--speculative-config must be a JSON object, got: {text}")
+        config.update(value)
+    for key, raw in dotted.items():
+        config[key] = _json_value(raw)
+    if not config:
+        return None
+    return {str(k).replace("-", "_"): v for k, v in config.items()}
+
+
+def _extract_dotted(argv: list[str], prefix: str) -> tuple[list[str], dict[str, str]]:
+    """Pull `--prefix.KEY VALUE` / `--prefix.KEY=VALUE` pairs out of argv."""
+    rest: list[str] = []
+    found: dict[str, str] = {}
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg.startswith(prefix + "."):
+            name, eq, value = arg.partition("=")
+            key = name[len(prefix) + 1:]
+            if not eq:
+                if i + 1 >= len(argv):
+                    raise ArgumentError(f"{name} expects a value")
+                value = argv[i + 1]
+                i += 1
+            found[key] = value
+        else:
+            rest.append(arg)
+        i += 1
+    return rest, found
+
+
+def make_serve_parser(parser: Optional[argparse.ArgumentParser] = None) -> argparse.ArgumentParser:
+    p = parser or argparse.ArgumentParser(prog="tandem serve")
+    p.add_argument("model_tag", metavar="MODEL", help="HF model directory, Hub id or GGUF file")
+    p.add_argument("--model", dest="model_flag", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--host", default=None, help="address to bind (default: all interfaces)")
+    p.add_argument("--port", type=int, default=DEFAULT_PORT)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("-tp", "--tensor-parallel-size", type=int, default=1)
+    p.add_argument("--max-model-len", type=parse_max_model_len, default=None,
+                   help="context length: 2048, 1k, 1K, 25.6k, -1 or auto")
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    p.add_argument("-sc", "--speculative-config", default=None,
+                   help='JSON, e.g. \'{"model": "DRAFT", "num_speculative_tokens": 5}\'')
+    p.add_argument("--served-model-name", nargs="+", default=None,
+                   help="one or more names for the API; the first is reported")
+    p.add_argument("--tokenizer", default=None)
+    p.add_argument("--revision", default=None)
+    p.add_argument("--dtype", default="auto",
+                   choices=["auto", "half", "float16", "bfloat16", "float", "float32"])
+    p.add_argument("--max-num-seqs", type=int, default=None)
+    p.add_argument("--max-num-batched-tokens", type=int, default=None)
+    p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
+                   default=True)
+    p.add_argument("--device", default="auto")
+    p.add_argument("--api-key", nargs="+", default=None,
+                   help="required bearer key(s); also TANDEM_API_KEY or VLLM_API_KEY")
+    p.add_argument("--chat-template", default=None, help="a Jinja file path or inline template")
+    p.add_argument("--uvicorn-log-level", default="info",
+                   choices=["critical", "error", "warning", "info", "debug", "trace"])
+    p.add_argument("--disable-log-stats", action="store_true")
+    p.add_argument("--disable-uvicorn-access-log", action="store_true")
+    for flag in REMOVED_SPEC_FLAGS:
+        p.add_argument(flag, default=None, help=argparse.SUPPRESS)
+    return p
+
+
+def _removed_flags_message(args: argparse.Namespace, spec: Optional[dict]) -> Optional[str]:
+    given: dict[str, Any] = {}
+    used: list[str] = []
+    for flag, key in REMOVED_SPEC_FLAGS.items():
+        value = getattr(args, flag[2:].replace("-", "_"))
+        if value is not None:
+            given[key] = _json_value(value)
+            used.append(flag)
+    if not used:
+        return None
+    merged = {**(spec or {}), **given}
+    return (f"{', '.join(used)} {'was' if len(used) == 1 else 'were'} removed; use "
+            f"--speculative-config '{json.dumps(merged)}' instead")
+
+
+def parse_serve_args(argv: Sequence[str]) -> argparse.Namespace:
+    """Parse `tandem serve` arguments. Raises ArgumentError for errors we explain in one line."""
+    normalized, dotted = _extract_dotted(normalize_argv(argv), "--speculative-config")
+    args = make_serve_parser().parse_args(normalized)
+    args.model = args.model_flag or args.model_tag
+    args.speculative_config = parse_speculative_config(args.speculative_config, dotted)
+    message = _removed_flags_message(args, args.speculative_config)
+    if message:
+        raise ArgumentError(message)
+    if args.api_key is None:
+        env_key = os.environ.get("TANDEM_API_KEY") or os.environ.get("VLLM_API_KEY")
+        args.api_key = [env_key] if env_key else None
+    args.served_model_name = args.served_model_name or [args.model]
+    return args
+
+
+def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    """The keyword arguments `LLMEngine.from_kwargs` (and `tandem.LLM`) take."""
+    return dict(model=args.model, tokenizer=args.tokenizer, dtype=args.dtype, seed=args.seed,
+                max_model_len=args.max_model_len, tensor_parallel_size=args.tensor_parallel_size,
+                gpu_memory_utilization=args.gpu_memory_utilization,
+                max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+                enable_prefix_caching=args.enable_prefix_caching, device=args.device,
+                speculative_config=args.speculative_config, revision=args.revision)
+
+
+def one_line(error: BaseException) -> str:
+    """Collapse an exception message onto one line for start-up errors."""
+    text = " ".join(str(error).split()) or type(error).__name__
+    return text
+
+
+def print_error_and_exit(message: str, code: int = 2) -> None:
+    print(f"tandem serve: error: {message}", file=sys.stderr)
+    sys.exit(code)
+
+
+def tandem_version() -> str:
+    try:
+        from importlib.metadata import version
+        return version("tandem")
+    except Exception:  # running from a source tree that was never installed
+        return "0.0.0+unknown"

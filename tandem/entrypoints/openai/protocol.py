@@ -1,0 +1,161 @@
+"""Pydantic request models of the OpenAI-compatible API (OpenAI's fields plus vLLM's extensions).
+
+Unknown fields are accepted and ignored, as vLLM does, so clients that send newer OpenAI fields
+keep working. Responses are built as plain dicts by the serving modules.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, model_validator
+
+from tandem.sampling_params import MAX_LOGPROBS
+
+Prompt = Union[str, list[str], list[int], list[list[int]]]
+
+
+class OpenAIBaseModel(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class StreamOptions(OpenAIBaseModel):
+    include_usage: Optional[bool] = False
+    continuous_usage_stats: Optional[bool] = False
+
+
+class ResponseFormat(OpenAIBaseModel):
+    type: str = "text"
+
+
+class SamplingFields(OpenAIBaseModel):
+    """Fields shared by completions and chat that become SamplingParams."""
+    model: Optional[str] = None
+    n: int = 1
+    seed: Optional[int] = None
+    stop: Optional[Union[str, list[str]]] = None
+    stream: Optional[bool] = False
+    stream_options: Optional[StreamOptions] = None
+    temperature: Optional[float] = None
+    top_p: Optional[float] = None
+    frequency_penalty: Optional[float] = 0.0
+    presence_penalty: Optional[float] = 0.0
+    logit_bias: Optional[dict[str, Any]] = None
+    user: Optional[str] = None
+    response_format: Optional[ResponseFormat] = None
+    # vLLM extensions
+    top_k: Optional[int] = None
+    min_p: Optional[float] = None
+    repetition_penalty: Optional[float] = None
+    stop_token_ids: Optional[list[int]] = None
+    include_stop_str_in_output: bool = False
+    ignore_eos: bool = False
+    min_tokens: int = 0
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    prompt_logprobs: Optional[int] = None
+    use_beam_search: bool = False
+    best_of: Optional[int] = None
+    allowed_token_ids: Optional[list[int]] = None
+    bad_words: Optional[list[str]] = None
+    request_id: Optional[str] = None
+
+    @model_validator(mode="after")
+    def _check_stream_options(self) -> SamplingFields:
+        if self.stream_options is not None and not self.stream:
+            raise ValueError("Stream options can only be defined when `stream=True`.")
+        if self.prompt_logprobs is not None and self.stream:
+            raise ValueError("`prompt_logprobs` are not available when `stream=True`.")
+        return self
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream and self.stream_options and self.stream_options.include_usage)
+
+
+class CompletionRequest(SamplingFields):
+    prompt: Optional[Prompt] = None
+    echo: bool = False
+    logprobs: Optional[int] = None
+    max_tokens: Optional[int] = 16
+    suffix: Optional[str] = None
+    add_special_tokens: bool = True
+
+    @model_validator(mode="after")
+    def _check_logprobs(self) -> CompletionRequest:
+        if self.logprobs is not None and not (self.logprobs == -1
+                                              or 0 <= self.logprobs <= MAX_LOGPROBS):
+            raise ValueError(f"logprobs must be between 0 and {MAX_LOGPROBS} (or -1), "
+                             f"got {self.logprobs}")
+        return self
+
+
+class ChatMessage(OpenAIBaseModel):
+    role: str
+    content: Optional[Union[str, list[dict[str, Any]]]] = None
+    name: Optional[str] = None
+
+
+class ChatCompletionRequest(SamplingFields):
+    messages: list[ChatMessage]
+    logprobs: Optional[bool] = False
+    top_logprobs: Optional[int] = None
+    max_tokens: Optional[int] = None
+    max_completion_tokens: Optional[int] = None
+    tools: Optional[list[dict[str, Any]]] = None
+    tool_choice: Optional[Union[str, dict[str, Any]]] = None
+    # vLLM extensions
+    echo: bool = False
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    add_special_tokens: bool = False
+    chat_template: Optional[str] = None
+    chat_template_kwargs: Optional[dict[str, Any]] = None
+
+    @model_validator(mode="after")
+    def _check_logprobs(self) -> ChatCompletionRequest:
+        if self.top_logprobs is not None:
+            if not 0 <= self.top_logprobs <= MAX_LOGPROBS:
+                raise ValueError(f"top_logprobs must be between 0 and {MAX_LOGPROBS}, "
+                                 f"got {self.top_logprobs}")
+            if not self.logprobs and self.top_logprobs > 0:
+                raise ValueError("when using `top_logprobs`, `logprobs` must be set to true")
+        return self
+
+    @property
+    def requested_max_tokens(self) -> Optional[int]:
+        return self.max_completion_tokens if self.max_completion_tokens is not None \
+            else self.max_tokens
+
+
+class TokenizeRequest(OpenAIBaseModel):
+    model: Optional[str] = None
+    prompt: Optional[str] = None
+    messages: Optional[list[ChatMessage]] = None
+    add_special_tokens: Optional[bool] = None
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    return_token_strs: bool = False
+
+    @model_validator(mode="after")
+    def _one_input(self) -> TokenizeRequest:
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("give exactly one of `prompt` or `messages`")
+        return self
+
+
+class DetokenizeRequest(OpenAIBaseModel):
+    model: Optional[str] = None
+    tokens: list[int]
+
+
+class ErrorInfo(BaseModel):
+    message: str
+    type: str
+    param: Optional[str] = None
+    code: Optional[int] = None
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorInfo
+

@@ -1,0 +1,157 @@
+"""POST /v1/chat/completions: messages -> chat template -> one engine request -> `chat.completion`
+or a stream of `chat.completion.chunk` deltas (the first delta of each choice carries the role)."""
+
+from __future__ import annotations
+
+from typing import Any, AsyncIterator, Optional, Union
+
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from tandem.entrypoints.chat_utils import apply_chat_template
+from tandem.entrypoints.openai.errors import OpenAIError, sse_error
+from tandem.entrypoints.openai.logprobs import chat_logprobs
+from tandem.entrypoints.openai.protocol import ChatCompletionRequest
+from tandem.entrypoints.openai.serving_engine import (OpenAIServing, now, random_id,
+                                                      spec_metrics, usage)
+from tandem.entrypoints.openai.sse import DONE, HEADERS, MEDIA_TYPE, sse_event
+from tandem.outputs import CompletionOutput, RequestOutput
+
+ROLE = "assistant"
+
+
+class OpenAIServingChat(OpenAIServing):
+
+    def render(self, request: ChatCompletionRequest) -> str:
+        messages = [m.model_dump(exclude_none=True) for m in request.messages]
+        try:
+            return apply_chat_template(
+                self.tokenizer, messages, request.chat_template or self.chat_template,
+                add_generation_prompt=request.add_generation_prompt,
+                continue_final_message=request.continue_final_message,
+                **self._template_kwargs(request))
+        except ValueError as e:
+            raise OpenAIError(str(e), param="messages") from None
+
+    @staticmethod
+    def _template_kwargs(request: ChatCompletionRequest) -> dict[str, Any]:
+        kwargs = dict(request.chat_template_kwargs or {})
+        if request.tools:
+            kwargs.setdefault("tools", request.tools)
+        return kwargs
+
+    async def create(self, request: ChatCompletionRequest
+                     ) -> Union[JSONResponse, StreamingResponse]:
+        model = self.check_model(request.model)
+        if not request.messages:
+            raise OpenAIError("messages must not be empty", param="messages")
+        prompt = self.render(request)
+        ids = self.encode(prompt, request.add_special_tokens)
+        max_tokens = self.check_length(len(ids), request.requested_max_tokens, what="messages")
+        logprobs = (request.top_logprobs or 0) if request.logprobs else None
+        params = self.sampling_params(request, max_tokens, logprobs, request.prompt_logprobs)
+        response_id = request.request_id or random_id("chatcmpl")
+        started = await self.start([(response_id, ids, params)])
+        assembler = _ChatAssembler(self, request, model, response_id, len(ids))
+        if request.stream:
+            return StreamingResponse(assembler.events(self.merge(started)),
+                                     media_type=MEDIA_TYPE, headers=HEADERS)
+        return JSONResponse(await assembler.full(self.merge(started)))
+
+
+class _ChatAssembler:
+    def __init__(self, serving: OpenAIServing, request: ChatCompletionRequest, model: str,
+                 response_id: str, prompt_tokens: int) -> None:
+        self.s = serving
+        self.request = request
+        self.model = model
+        self.id = response_id
+        self.created = now()
+        self.prompt_tokens = prompt_tokens
+        self.echo_prefix = self._echo_prefix()
+
+    def _echo_prefix(self) -> str:
+        """With echo (vLLM extension), a final assistant message being continued is repeated."""
+        last = self.request.messages[-1]
+        if not self.request.echo or last.role != ROLE:
+            return ""
+        content = last.content
+        if isinstance(content, list):
+            return "\n".join(str(p.get("text", "")) for p in content)
+        return content or ""
+
+    def _logprobs(self, o: CompletionOutput, start: int) -> Optional[dict[str, Any]]:
+        if not self.request.logprobs:
+            return None
+        return {"content": chat_logprobs(self.s.tokenizer, o.token_ids[start:],
+                                         (o.logprobs or [])[start:],
+                                         self.request.top_logprobs or 0)}
+
+    async def full(self, outputs: AsyncIterator[tuple[int, RequestOutput]]) -> dict[str, Any]:
+        final: Optional[RequestOutput] = None
+        async for _, out in outputs:
+            final = out
+        assert final is not None
+        choices = [{"index": o.index,
+                    "message": {"role": ROLE, "content": self.echo_prefix + o.text},
+                    "logprobs": self._logprobs(o, 0), "finish_reason": o.finish_reason,
+                    "stop_reason": o.stop_reason}
+                   for o in sorted(final.outputs, key=lambda c: c.index)]
+        completion_tokens = sum(len(o.token_ids) for o in final.outputs)
+        return {"id": self.id, "object": "chat.completion", "created": self.created,
+                "model": self.model, "choices": choices,
+                "usage": usage(self.prompt_tokens, completion_tokens),
+                "metrics": spec_metrics([final])}
+
+    def _chunk(self, choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
+        return {"id": self.id, "object": "chat.completion.chunk", "created": self.created,
+                "model": self.model, "choices": choices, **extra}
+
+    async def events(self, outputs: AsyncIterator[tuple[int, RequestOutput]]
+                     ) -> AsyncIterator[str]:
+        n = self.request.n
+        sent_text: dict[int, int] = {}
+        sent_tokens: dict[int, int] = {}
+        done: set[int] = set()
+        final: Optional[RequestOutput] = None
+        include_usage = self.request.include_usage
+        continuous = bool(self.request.stream_options
+                          and self.request.stream_options.continuous_usage_stats)
+        try:
+            # Every choice opens with its role, as OpenAI streams it.
+            for index in range(n):
+                yield sse_event(self._chunk([{"index": index,
+                                              "delta": {"role": ROLE, "content": ""},
+                                              "logprobs": None, "finish_reason": None}]))
+            async for _, out in outputs:
+                final = out
+                for o in sorted(out.outputs, key=lambda c: c.index):
+                    if o.index in done:
+                        continue
+                    first = o.index not in sent_text
+                    text = o.text[sent_text.get(o.index, 0):]
+                    if first and self.echo_prefix:
+                        text = self.echo_prefix + text
+                    if not text and o.finish_reason is None:
+                        continue  # text held back while a stop string may be forming
+                    start = sent_tokens.get(o.index, 0)
+                    choice = {"index": o.index, "delta": {"content": text} if text else {},
+                              "logprobs": self._logprobs(o, start),
+                              "finish_reason": o.finish_reason, "stop_reason": o.stop_reason}
+                    sent_text[o.index] = len(o.text)
+                    sent_tokens[o.index] = len(o.token_ids)
+                    extra: dict[str, Any] = {}
+                    if o.finish_reason is not None:
+                        done.add(o.index)
+                        if len(done) == n and not include_usage:
+                            extra["metrics"] = spec_metrics([final])
+                    if continuous:
+                        extra["usage"] = usage(self.prompt_tokens, sum(sent_tokens.values()))
+                    yield sse_event(self._chunk([choice], **extra))
+            if include_usage:
+                completion_tokens = sum(len(o.token_ids) for o in final.outputs) if final else 0
+                yield sse_event(self._chunk([], usage=usage(self.prompt_tokens,
+                                                            completion_tokens),
+                                            metrics=spec_metrics([final])))
+        except OpenAIError as e:
+            yield sse_error(e)
+        yield DONE

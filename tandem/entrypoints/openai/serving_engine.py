@@ -1,0 +1,213 @@
+"""What completions and chat serving share: the model-name check, prompt validation, length
+checks, SamplingParams from a request, running several engine requests as one response, usage and
+the speculative statistics attached to every response."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import math
+import time
+import uuid
+from typing import Any, AsyncIterator, Optional, Sequence, Union
+
+from tandem.engine.async_engine import AsyncLLMEngine, EngineDeadError, EngineStepError
+from tandem.entrypoints.openai.errors import OpenAIError
+from tandem.entrypoints.openai.protocol import SamplingFields
+from tandem.outputs import RequestOutput, SpecDecodeRequestStats
+from tandem.sampling_params import SamplingParams
+
+_PARAM_FIELDS = {f.name for f in dataclasses.fields(SamplingParams)}
+
+
+def random_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def now() -> int:
+    return int(time.time())
+
+
+class OpenAIServing:
+    def __init__(self, engine: AsyncLLMEngine, served_model_names: Sequence[str],
+                 chat_template: Optional[str] = None) -> None:
+        self.engine = engine
+        self.tokenizer = engine.tokenizer
+        self.max_model_len = engine.max_model_len
+        self.vocab_size = engine.vocab_size
+        self.served_model_names = list(served_model_names)
+        self.chat_template = chat_template
+
+    @property
+    def model_name(self) -> str:
+        return self.served_model_names[0]
+
+    def check_model(self, model: Optional[str]) -> str:
+        if model is None or model in self.served_model_names:
+            return model or self.model_name
+        raise OpenAIError(f"The model `{model}` does not exist.", 404, param="model")
+
+    # ---- prompts ---------------------------------------------------------------------------
+
+    def check_token_ids(self, ids: Sequence[int]) -> list[int]:
+        if not ids:
+            raise OpenAIError("The prompt is empty: give at least one token.", param="prompt")
+        for t in ids:
+            if t < 0 or t >= self.vocab_size:
+                raise OpenAIError(f"Token id {t} is out of vocabulary (vocab size "
+                                  f"{self.vocab_size}).", param="prompt")
+        return list(ids)
+
+    def encode(self, text: str, add_special_tokens: bool) -> list[int]:
+        if not text:
+            raise OpenAIError("The prompt is empty.", param="prompt")
+        return self.check_token_ids(self.tokenizer(text, add_special_tokens=add_special_tokens)
+                                    .input_ids)
+
+    def check_length(self, prompt_len: int, max_tokens: Optional[int],
+                     what: str = "prompt") -> int:
+        """Resolve max_tokens (None = fill the context) and refuse requests that cannot fit."""
+        if prompt_len >= self.max_model_len:
+            raise OpenAIError(
+                f"This model's maximum context length is {self.max_model_len} tokens. However, "
+                f"your {what} has {prompt_len} tokens, which leaves no room for a completion. "
+                f"Please reduce the length of the {what}.", param="prompt")
+        if max_tokens is None:
+            return self.max_model_len - prompt_len
+        if max_tokens >= 1 and prompt_len + max_tokens > self.max_model_len:
+            raise OpenAIError(
+                f"This model's maximum context length is {self.max_model_len} tokens. However, "
+                f"you requested {prompt_len + max_tokens} tokens ({prompt_len} in the {what}, "
+                f"{max_tokens} in the completion). Please reduce the length of the {what} or "
+                f"completion.", param="max_tokens")
+        return max_tokens
+
+    # ---- sampling parameters ---------------------------------------------------------------
+
+    def _logit_bias(self, request: SamplingFields) -> Optional[dict[int, float]]:
+        if not request.logit_bias:
+            return None
+        bias: dict[int, float] = {}
+        for key, value in request.logit_bias.items():
+            try:
+                token_id = int(key)
+            except (TypeError, ValueError):
+                raise OpenAIError(f"logit_bias keys must be token ids (integers), got {key!r}",
+                                  param="logit_bias") from None
+            if not 0 <= token_id < self.vocab_size:
+                raise OpenAIError(f"logit_bias token id {token_id} is out of vocabulary "
+                                  f"(vocab size {self.vocab_size})", param="logit_bias")
+            if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                    or not math.isfinite(value):
+                raise OpenAIError(f"logit_bias values must be numbers, got {value!r} for token "
+                                  f"{token_id}", param="logit_bias")
+            bias[token_id] = max(-100.0, min(100.0, float(value)))
+        return bias
+
+    def _check_unsupported(self, request: SamplingFields, extra: dict[str, Any]) -> None:
+        if request.use_beam_search:
+            raise OpenAIError("beam search is not supported", param="use_beam_search")
+        if request.best_of is not None and request.best_of > 1 and request.best_of != request.n:
+            raise OpenAIError("best_of is not supported (use n)", param="best_of")
+        if request.response_format is not None and request.response_format.type != "text":
+            raise OpenAIError(f"response_format type {request.response_format.type!r} is not "
+                              f"supported; only 'text' is", param="response_format")
+        for name, value in extra.items():
+            if value and name not in _PARAM_FIELDS:
+                raise OpenAIError(f"{name} is not supported by this server", param=name)
+
+    def sampling_params(self, request: SamplingFields, max_tokens: int,
+                        logprobs: Optional[int], prompt_logprobs: Optional[int]) -> SamplingParams:
+        extra = {"logit_bias": self._logit_bias(request),
+                 "allowed_token_ids": request.allowed_token_ids, "bad_words": request.bad_words}
+        self._check_unsupported(request, extra)
+        kwargs: dict[str, Any] = dict(
+            n=request.n, seed=request.seed, stop=request.stop,
+            stop_token_ids=request.stop_token_ids, max_tokens=max_tokens,
+            temperature=1.0 if request.temperature is None else request.temperature,
+            top_p=1.0 if request.top_p is None else request.top_p,
+            top_k=request.top_k or 0, min_p=request.min_p or 0.0,
+            presence_penalty=request.presence_penalty or 0.0,
+            frequency_penalty=request.frequency_penalty or 0.0,
+            repetition_penalty=(1.0 if request.repetition_penalty is None
+                                else request.repetition_penalty),
+            ignore_eos=request.ignore_eos, min_tokens=request.min_tokens,
+            logprobs=logprobs, prompt_logprobs=prompt_logprobs,
+            skip_special_tokens=request.skip_special_tokens,
+            spaces_between_special_tokens=request.spaces_between_special_tokens,
+            include_stop_str_in_output=request.include_stop_str_in_output)
+        kwargs.update({k: v for k, v in extra.items() if v})
+        try:
+            return SamplingParams(**kwargs)
+        except (ValueError, TypeError) as e:
+            raise OpenAIError(str(e)) from None
+
+    # ---- running requests ------------------------------------------------------------------
+
+    async def start(self, jobs: Sequence[tuple[str, Union[str, list[int]], SamplingParams]]
+                    ) -> list[tuple[str, asyncio.Queue]]:
+        """Add every request before streaming any, so a bad one fails the whole call with 400."""
+        started: list[tuple[str, asyncio.Queue]] = []
+        try:
+            for request_id, prompt, params in jobs:
+                started.append((request_id, await self.engine.add_request(request_id, prompt,
+                                                                          params)))
+        except BaseException as e:
+            for request_id, _ in started:
+                self.engine.abort_nowait(request_id)
+            if isinstance(e, EngineDeadError):
+                raise OpenAIError(str(e), 503) from None
+            if isinstance(e, ValueError):
+                raise OpenAIError(str(e)) from None
+            raise
+        return started
+
+    async def merge(self, started: Sequence[tuple[str, asyncio.Queue]]
+                    ) -> AsyncIterator[tuple[int, RequestOutput]]:
+        """Outputs of several requests as (request index, cumulative output), as they come.
+        Leaving early aborts every request that has not finished."""
+        queue: asyncio.Queue = asyncio.Queue()
+
+        async def pump(i: int, request_id: str, stream: asyncio.Queue) -> None:
+            outputs = self.engine.iterate(request_id, stream)
+            try:
+                async for out in outputs:
+                    queue.put_nowait((i, out))
+            except Exception as e:
+                queue.put_nowait((i, e))
+            finally:
+                await outputs.aclose()
+                queue.put_nowait((i, None))
+
+        tasks = [asyncio.ensure_future(pump(i, rid, s)) for i, (rid, s) in enumerate(started)]
+        try:
+            remaining = len(tasks)
+            while remaining:
+                i, item = await queue.get()
+                if item is None:
+                    remaining -= 1
+                elif isinstance(item, EngineStepError):
+                    raise OpenAIError(str(item), 500) from None
+                elif isinstance(item, Exception):
+                    raise item
+                else:
+                    yield i, item
+        finally:
+            for task in tasks:
+                task.cancel()
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def spec_metrics(outputs: Sequence[Optional[RequestOutput]]) -> dict[str, Any]:
+    """vLLM-style per-response statistics: `{"speculative_decoding": {...} | None}`."""
+    total: Optional[SpecDecodeRequestStats] = None
+    for out in outputs:
+        stats = out.spec_decode_stats if out is not None else None
+        if stats is not None:
+            total = total or SpecDecodeRequestStats()
+            total.merge(stats)
+    return {"speculative_decoding": total.to_dict() if total is not None else None}
