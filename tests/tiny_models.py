@@ -113,7 +113,7 @@ def build_tiny_model(out_dir: Path, arch: str = "llama", seed: int = 0, num_laye
     out_dir.mkdir(parents=True, exist_ok=True)
     tok = (build_bytelevel_tokenizer(out_dir) if tokenizer == "bytelevel"
            else build_sentencepiece_tokenizer(out_dir))
-    vocab = len(tok)
+    vocab = overrides.pop("vocab_size", len(tok))  # larger than the tokenizer = a padded vocabulary
     cfg = _hf_config(arch, vocab, num_layers, hidden, tok.bos_token_id, tok.eos_token_id,
                      tok.pad_token_id, **overrides)
     torch.manual_seed(seed)
@@ -129,9 +129,10 @@ def build_tiny_model(out_dir: Path, arch: str = "llama", seed: int = 0, num_laye
 
 
 def build_small_vocab_model(out_dir: Path, seed: int, vocab_size: int = 24,
-                            logit_scale: float = 3.0) -> Path:
+                            logit_scale: float = 3.0, noise: float = 0.0) -> Path:
     """A 2-layer llama over a word-level vocabulary of `vocab_size` tokens, small enough that the
-    exact distribution of the first few generated tokens can be enumerated."""
+    exact distribution of the first few generated tokens can be enumerated. `noise` > 0 perturbs
+    the LM head, giving a draft that agrees with the seed's model only partly."""
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
@@ -150,5 +151,9 @@ def build_small_vocab_model(out_dir: Path, seed: int, vocab_size: int = 24,
     model = LlamaForCausalLM(cfg).to(torch.float32)
     with torch.no_grad():
         model.lm_head.weight.mul_(logit_scale / model.lm_head.weight.std() / 32 ** 0.5)
+        if noise:
+            g = torch.Generator().manual_seed(seed + 1000)
+            w = model.lm_head.weight
+            w.add_(noise * w.std() * torch.randn(w.shape, generator=g))
     model.save_pretrained(out_dir, safe_serialization=True)
     return out_dir

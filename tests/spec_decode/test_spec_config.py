@@ -1,0 +1,74 @@
+"""Each speculative_config mistake gets vLLM's message (or a clear one naming the field)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tandem import LLM, SpeculativeConfig
+from tiny_models import build_tiny_model
+
+
+@pytest.mark.parametrize("config,message", [
+    ({"model": "D", "num_speculative_tokens": 3, "tensor_parallel_size": 1},
+     "'tensor_parallel_size' is not a valid argument in the speculative_config. Please pass "
+     "'draft_tensor_parallel_size' instead."),
+    ({"model": "D"}, "A speculative model was provided, but `num_speculative_tokens` was not "
+                     "provided"),
+    ({"model": "D", "num_speculative_tokens": 0},
+     "Expected num_speculative_tokens to be greater than zero (0)."),
+    ({"num_speculative_tokens": 3}, "num_speculative_tokens was provided but without "
+                                    "speculative model."),
+    ({"model": "D", "num_speculative_tokens": 3, "method": "eagle"},
+     "Unsupported speculative method: 'eagle' is not supported by tandem; supported methods: "
+     "['draft_model']"),
+    ({"model": "D", "num_speculative_tokens": 3, "method": "magic"},
+     "Unsupported speculative method: 'magic' is unknown"),
+    ({"model": "D", "num_speculative_tokens": 3, "draft_tensor_parallel_size": 3},
+     "speculative_draft_tensor_parallel_size=3 cannot be other value than 1 or target model "
+     "tensor_parallel_size"),
+    ({"model": "D", "num_speculative_tokens": 3, "draft_sample_method": "beam"},
+     "draft_sample_method must be one of ['greedy', 'probabilistic'], got 'beam'."),
+    ({"model": "D", "num_speculative_tokens": 3, "use_heterogeneous_vocab": True,
+      "draft_sample_method": "probabilistic"},
+     "use_heterogeneous_vocab currently only supports greedy draft sampling."),
+    ({"model": "D", "num_speculative_tokens": 3, "bogus": 1}, "Unknown key(s) ['bogus']"),
+])
+def test_config_errors(tiny_llama, config, message):
+    config = {k: (tiny_llama if v == "D" else v) for k, v in config.items()}
+    with pytest.raises(ValueError) as e:
+        LLM(tiny_llama, speculative_config=config)
+    assert message in str(e.value)
+
+
+def test_max_model_len_bounds(tiny_llama):
+    with pytest.raises(ValueError, match="speculative_max_model_len=100000 cannot be larger than "
+                                         "draft_max_model_len=512"):
+        LLM(tiny_llama, speculative_config={"model": tiny_llama, "num_speculative_tokens": 2,
+                                            "max_model_len": 100000})
+    with pytest.raises(ValueError, match="speculative_max_model_len=300 cannot be larger than "
+                                         "target_max_model_len=256"):
+        LLM(tiny_llama, max_model_len=256, speculative_config={
+            "model": tiny_llama, "num_speculative_tokens": 2, "max_model_len": 300})
+
+
+def test_draft_with_other_tokenizer_is_refused_with_a_hint(tiny_llama, tmp_path):
+    other = build_tiny_model(tmp_path / "sp", "llama", tokenizer="sentencepiece")
+    with pytest.raises(ValueError) as e:
+        LLM(tiny_llama, speculative_config={"model": str(other), "num_speculative_tokens": 2})
+    msg = str(e.value)
+    assert "vocab_size=384" in msg and "use_heterogeneous_vocab" in msg
+
+
+def test_padded_vocabulary_with_same_tokenizer_is_accepted(tiny_llama, tmp_path):
+    """Like Qwen's 151,936 vs 152,064: configs differ in vocab_size, tokenizers are equal."""
+    padded = build_tiny_model(tmp_path / "padded", "llama", seed=5, vocab_size=448)
+    llm = LLM(tiny_llama, speculative_config={"model": str(padded), "num_speculative_tokens": 2})
+    out = llm.generate("Hello", use_tqdm=False)[0]
+    assert len(out.outputs[0].token_ids) == 16
+
+
+def test_speculative_config_object_and_method_default(tiny_llama):
+    cfg = SpeculativeConfig(model=tiny_llama, num_speculative_tokens=2)
+    llm = LLM(tiny_llama, speculative_config=cfg)
+    spec = llm.llm_engine.config.speculative_config
+    assert spec.num_speculative_tokens == 2 and spec.draft_sample_method == "greedy"
