@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+pytest_plugins = ["real_fixtures"]
+
 import os
 import sys
 from pathlib import Path

@@ -1,5 +1,6 @@
-"""Fixtures for the loader tests: the two bundled GGUF files, loaded once per test module by tandem and by
-transformers (the reference), with the load times reported in pytest's terminal summary."""
+"""Fixtures for the loader tests: the two bundled GGUF files loaded by tandem (once per test module) and by
+transformers (the reference: once per test session, shared with tests/real through the session fixtures of
+tests/real_fixtures.py), with the load times reported in pytest's terminal summary."""
 
 from __future__ import annotations
 
@@ -7,15 +8,12 @@ import gc
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import pytest
 import torch
 
-from tandem.loader.model_source import bundled_gguf_path
-
-BUNDLED_IDS = {"smollm2": "HuggingFaceTB/SmolLM2-135M-Instruct", "gemma3": "google/gemma-3-270m"}
-LOAD_TIMES: dict[str, dict[str, float]] = {}  # model -> {"tandem": s, "transformers": s}
+BUNDLED_NAMES = ("gemma3", "smollm2")
 
 
 @dataclass
@@ -27,56 +25,27 @@ class Loaded:
     seconds: float
 
 
-def gguf_path(name: str) -> Path:
-    path = bundled_gguf_path(BUNDLED_IDS[name])
-    if path is None:
-        pytest.fail(f"bundled GGUF for {name} is not installed (see /work/shared/models.md)")
-    return path
-
-
-@pytest.fixture(scope="session")
-def bundled_path() -> Any:
-    """gguf_path, for test modules (which should not import conftest)."""
-    return gguf_path
-
-
-@pytest.fixture(scope="module", params=sorted(BUNDLED_IDS))
-def ours(request: pytest.FixtureRequest) -> Iterator[Loaded]:
+@pytest.fixture(scope="module", params=BUNDLED_NAMES)
+def ours(request: pytest.FixtureRequest, bundled_path: Callable[[str], Path],
+         gguf_load_times: dict[str, dict[str, float]]) -> Iterator[Loaded]:
     """tandem's load of a bundled file: config + every tensor, timed."""
     from tandem.loader import gguf_loader
 
-    path = gguf_path(request.param)
+    path = bundled_path(request.param)
     gguf_loader._read_gguf_cached.cache_clear()  # time the header parse too
     start = time.perf_counter()
     config = gguf_loader.load_gguf_config(path)
     tensors = dict(gguf_loader.iter_gguf_tensors(path, config))
     seconds = time.perf_counter() - start
-    LOAD_TIMES.setdefault(request.param, {})["tandem"] = seconds
+    gguf_load_times.setdefault(request.param, {})["tandem"] = seconds
     yield Loaded(request.param, path, config, tensors, seconds)
     del tensors
     gc.collect()
 
 
 @pytest.fixture(scope="module")
-def reference(ours: Loaded) -> Iterator[Loaded]:
-    """transformers' own GGUF load of the same file (~12 s SmolLM2, ~35 s Gemma here), once per test module."""
-    from transformers import AutoModelForCausalLM
-
-    start = time.perf_counter()
-    model = AutoModelForCausalLM.from_pretrained(str(ours.path.parent), gguf_file=ours.path.name,
-                                                 dtype=torch.float32)
-    seconds = time.perf_counter() - start
-    LOAD_TIMES.setdefault(ours.name, {})["transformers"] = seconds
+def reference(ours: Loaded, hf_reference_models: Any) -> Loaded:
+    """transformers' own GGUF load of the same file (session-cached: loaded at most once per session)."""
+    model = hf_reference_models.get(ours.name)
     state = {k: v.detach() for k, v in model.state_dict().items()}
-    yield Loaded(ours.name, ours.path, model.config, state, seconds)
-    del model, state
-    gc.collect()
-
-
-def pytest_terminal_summary(terminalreporter: Any) -> None:
-    if not LOAD_TIMES:
-        return
-    terminalreporter.section("GGUF load times (config + all tensors, float32)")
-    for name, times in sorted(LOAD_TIMES.items()):
-        parts = [f"{who} {secs:.1f} s" for who, secs in sorted(times.items(), reverse=True)]
-        terminalreporter.write_line(f"{name}: " + ", ".join(parts))
+    return Loaded(ours.name, ours.path, model.config, state, hf_reference_models.seconds[ours.name])
