@@ -41,11 +41,13 @@ class _Parent:
     prompt: Optional[str]
     prompt_token_ids: list[int]
     children: list[Request]
+    final_only: bool  # build an output only when every child is done (the offline API)
     detoks: dict[str, IncrementalDetokenizer] = field(default_factory=dict)
+    num_finished: int = 0
 
     @property
     def finished(self) -> bool:
-        return all(c.status.finished for c in self.children)
+        return self.num_finished == len(self.children)
 
 
 class LLMEngine:
@@ -105,7 +107,9 @@ class LLMEngine:
 
     # -- requests ----------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt: Union[str, list[int]],
-                    params: Optional[SamplingParams] = None) -> None:
+                    params: Optional[SamplingParams] = None, final_only: bool = False) -> None:
+        """Queue a request. Outputs are cumulative; with `final_only` the engine returns one only
+        when the request has finished (cheaper for large `n`)."""
         params = params.clone() if params is not None else SamplingParams()
         if request_id in self.parents:
             raise ValueError(f"Request id {request_id!r} is already in use.")
@@ -131,7 +135,7 @@ class LLMEngine:
                 generator=self._generator(child_params.seed), eos_token_id=self.eos_token_id,
                 parent_id=request_id, index=i,
                 spec_stats=SpecDecodeRequestStats() if self.proposer else None))
-        parent = _Parent(request_id, text, ids, children)
+        parent = _Parent(request_id, text, ids, children, final_only)
         for child in children:
             parent.detoks[child.request_id] = IncrementalDetokenizer(
                 self.tokenizer, ids, params.stop, params.include_stop_str_in_output,
@@ -233,13 +237,16 @@ class LLMEngine:
         return status
 
     def _make_outputs(self, progressed: list[Request]) -> list[RequestOutput]:
-        outputs = []
-        seen: set[str] = set()
+        parents: dict[str, _Parent] = {}
         for req in progressed:
             parent = self._child_parent.get(req.request_id)
-            if parent is None or parent.request_id in seen:
+            if parent is not None:
+                parents[parent.request_id] = parent
+                parent.num_finished += req.status.finished  # a child finishes in one step only
+        outputs = []
+        for parent in parents.values():
+            if parent.final_only and not parent.finished:
                 continue
-            seen.add(parent.request_id)
             outputs.append(self._request_output(parent))
             if parent.finished:
                 self.counters["request_success"] += 1

@@ -53,7 +53,7 @@ class LLM:
         try:
             for prompt, params in zip(prompt_list, params_list):
                 rid = str(next(self._counter))
-                self.llm_engine.add_request(rid, prompt, params)
+                self.llm_engine.add_request(rid, prompt, params, final_only=True)
                 ids.append(rid)
             return self._run(ids, use_tqdm)
         except BaseException:
