@@ -6,6 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tandem.layers.linear import linear
+
 
 class Embedding(nn.Module):
     def __init__(self, vocab_size: int, hidden: int, scale: float = 1.0) -> None:
@@ -30,4 +32,4 @@ class LMHead(nn.Module):
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:  # [N, hidden] -> [N, vocab]
         w = self.tied_to.weight if self.tied_to is not None else self.weight
-        return F.linear(hidden, w)
+        return linear(hidden, w)
