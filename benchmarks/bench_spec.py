@@ -7,7 +7,7 @@ SmolLM2 as its draft. Measures, single stream, greedy:
   speedup measured = speculative tok/s / plain target tok/s
   speedup predicted = (1 - alpha^(k+1)) / ((1 - alpha) (k c + 1))   (Leviathan et al.)
 and checks that speculative output equals plain output token for token.
-`.venv/bin/python benchmarks/bench_spec.py [--k 3] [--extra 90] [--eps 0.05]`
+`.venv/bin/python benchmarks/bench_spec.py [--k 3] [--extra 90] [--eps 0.02]`
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--k", type=int, default=3)
     ap.add_argument("--extra", type=int, default=90, help="perturbing layers added to the target")
-    ap.add_argument("--eps", type=float, default=0.05, help="scale of their output projections")
+    ap.add_argument("--eps", type=float, default=0.02, help="scale of their output projections")
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--prompts", type=int, default=4)
     ap.add_argument("--threads", type=int, default=2)
