@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import torch
 from safetensors.torch import save_file
 
 from tandem.loader.gguf_loader import iter_gguf_tensors, load_gguf_config, load_gguf_tokenizer

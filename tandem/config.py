@@ -7,15 +7,12 @@ names) into validated configs. Errors name the field and the allowed values.
 from __future__ import annotations
 
 import inspect
-import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Optional, Union
 
 import torch
 
 from tandem.spec_decode.config import SpeculativeConfig
-
-logger = logging.getLogger("tandem")
 
 _DTYPES = {
     "half": torch.float16, "float16": torch.float16, "bfloat16": torch.bfloat16,
@@ -158,7 +155,6 @@ class EngineConfig:
     parallel_config: ParallelConfig
     device: torch.device
     speculative_config: Optional[SpeculativeConfig] = None
-    extra: dict = field(default_factory=dict)
 
     @staticmethod
     def create(model: str, tokenizer: Optional[str] = None, dtype: Union[str, torch.dtype] = "auto",
