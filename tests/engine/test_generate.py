@@ -199,3 +199,17 @@ def test_config_errors_name_the_field(tiny_llama, tmp_path):
         LLM(tiny_llama, not_a_flag=1)
     with pytest.raises(FileNotFoundError):
         LLM(str(tmp_path / "missing-model"))
+
+
+@pytest.mark.parametrize("speculative", [False, True])
+def test_min_tokens_masks_stop_tokens(tiny_llama, prompts, speculative):
+    spec = {"model": tiny_llama, "num_speculative_tokens": 3} if speculative else None
+    llm = LLM(tiny_llama, speculative_config=spec)
+    full = llm.generate(prompts[1], GREEDY, use_tqdm=False)[0].outputs[0].token_ids
+    stop = full[2]
+    out = llm.generate(prompts[1], SamplingParams(temperature=0, max_tokens=40, min_tokens=10,
+                                                  stop_token_ids=[stop]),
+                       use_tqdm=False)[0].outputs[0]
+    assert len(out.token_ids) >= 10
+    assert stop not in out.token_ids[:10]
+    assert out.token_ids[:2] == full[:2]
