@@ -29,10 +29,10 @@ class Loaded:
 def ours(request: pytest.FixtureRequest, bundled_path: Callable[[str], Path],
          gguf_load_times: dict[str, dict[str, float]]) -> Iterator[Loaded]:
     """tandem's load of a bundled file: config + every tensor, timed."""
-    from tandem.loader import gguf_loader
+    from tandem.loader import gguf_loader, gguf_reader
 
     path = bundled_path(request.param)
-    gguf_loader._read_gguf_cached.cache_clear()  # time the header parse too
+    gguf_reader._read_gguf_cached.cache_clear()  # time the header parse too
     start = time.perf_counter()
     config = gguf_loader.load_gguf_config(path)
     tensors = dict(gguf_loader.iter_gguf_tensors(path, config))
