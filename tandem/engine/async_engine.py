@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import copy
 import logging
 import queue
 import threading
@@ -53,21 +52,6 @@ class _Abort:
 class _Call:
     fn: Callable[[Any], Any]
     done: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
-
-
-def _snapshot(out: RequestOutput) -> RequestOutput:
-    """Copy the lists the engine may keep appending to, so the event loop reads a stable view."""
-    snap = copy.copy(out)
-    snap.outputs = []
-    for o in out.outputs:
-        c = copy.copy(o)
-        c.token_ids = list(o.token_ids)
-        c.logprobs = list(o.logprobs) if o.logprobs is not None else None
-        c.spec_decode_stats = copy.deepcopy(o.spec_decode_stats)
-        snap.outputs.append(c)
-    snap.prompt_token_ids = list(out.prompt_token_ids)
-    snap.prompt_logprobs = list(out.prompt_logprobs) if out.prompt_logprobs is not None else None
-    return snap
 
 
 class AsyncLLMEngine:
@@ -236,7 +220,9 @@ class AsyncLLMEngine:
                 for out in self.engine.step():
                     if out.request_id not in self._streams:
                         continue  # aborted while the step ran
-                    self._deliver(out.request_id, _snapshot(out), last=out.finished)
+                    # The engine hands out fresh lists and stats copies each step, so the event loop
+                    # can read `out` while this thread keeps stepping.
+                    self._deliver(out.request_id, out, last=out.finished)
             except Exception as e:  # the loop must outlive any one bad step
                 logger.exception("engine step failed; failing %d request(s)", len(self._streams))
                 self._fail_all(e)

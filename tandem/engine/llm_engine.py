@@ -6,6 +6,7 @@ One `step()` = schedule -> target forward + (rejection) sampling -> append token
 
 from __future__ import annotations
 
+import copy
 import logging
 import random
 import time
@@ -256,6 +257,7 @@ class LLMEngine:
         return outputs
 
     def _request_output(self, parent: _Parent) -> RequestOutput:
+        """A snapshot: every list and stats object is a copy the engine will not touch again."""
         completions = []
         for c in parent.children:
             detok = parent.detoks[c.request_id]
@@ -266,7 +268,7 @@ class LLMEngine:
                 cumulative_logprob=c.cumulative_logprob if want_lp else None,
                 logprobs=list(c.logprobs) if want_lp else None,
                 finish_reason=c.finish_reason, stop_reason=c.stop_reason,
-                spec_decode_stats=c.spec_stats))
+                spec_decode_stats=copy.deepcopy(c.spec_stats)))
         first = parent.children[0]
         plp = list(first.prompt_logprobs) if first.params.prompt_logprobs is not None else None
         return RequestOutput(request_id=parent.request_id, prompt=parent.prompt,
