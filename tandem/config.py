@@ -155,6 +155,7 @@ class EngineConfig:
     parallel_config: ParallelConfig
     device: torch.device
     speculative_config: Optional[SpeculativeConfig] = None
+    log_stats: bool = True  # the periodic speculative-decoding log line
 
     @staticmethod
     def create(model: str, tokenizer: Optional[str] = None, dtype: Union[str, torch.dtype] = "auto",
@@ -163,7 +164,11 @@ class EngineConfig:
                max_num_batched_tokens: Optional[int] = None, enable_prefix_caching: bool = True,
                device: str = "auto", speculative_config: Union[None, dict, SpeculativeConfig] = None,
                revision: Optional[str] = None, block_size: int = 16,
-               kv_cache_memory_bytes: Optional[int] = None, **unknown: Any) -> EngineConfig:
+               kv_cache_memory_bytes: Optional[int] = None, disable_log_stats: bool = False,
+               enforce_eager: bool = True, trust_remote_code: bool = False,
+               **unknown: Any) -> EngineConfig:
+        """`enforce_eager` and `trust_remote_code` are accepted so vLLM call sites run unchanged:
+        tandem always runs eagerly and only runs its own model code."""
         if unknown:
             names = [n for n in inspect.signature(EngineConfig.create).parameters if n != "unknown"]
             raise TypeError(f"Unexpected engine argument(s) {sorted(unknown)}; supported: {names}.")
@@ -185,4 +190,5 @@ class EngineConfig:
         cache = CacheConfig(block_size=block_size, enable_prefix_caching=enable_prefix_caching,
                             gpu_memory_utilization=gpu_memory_utilization,
                             kv_cache_memory_bytes=kv_cache_memory_bytes)
-        return EngineConfig(model_config, cache, sched, parallel, dev, spec)
+        return EngineConfig(model_config, cache, sched, parallel, dev, spec,
+                            log_stats=not disable_log_stats)

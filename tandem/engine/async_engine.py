@@ -72,7 +72,8 @@ class AsyncLLMEngine:
     @classmethod
     def from_kwargs(cls, log_stats: bool = False, **kwargs: Any) -> AsyncLLMEngine:
         from tandem.engine.llm_engine import LLMEngine
-        return cls(LLMEngine.from_kwargs(**kwargs), log_stats=log_stats)
+        return cls(LLMEngine.from_kwargs(disable_log_stats=not log_stats, **kwargs),
+                   log_stats=log_stats)
 
     # ---- event-loop side -------------------------------------------------------------------
 

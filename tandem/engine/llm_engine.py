@@ -15,7 +15,7 @@ from typing import Any, Optional, Union
 
 import torch
 
-from tandem.config import EngineConfig
+from tandem.config import EngineConfig, ModelConfig
 from tandem.core.kv_cache_manager import KVCacheManager
 from tandem.core.request import Request, RequestStatus
 from tandem.core.scheduler import Scheduler
@@ -33,6 +33,15 @@ from tandem.worker.kv_cache import allocate_kv_caches, determine_num_blocks
 from tandem.worker.model_runner import ModelRunner, RunnerOutput
 
 logger = logging.getLogger("tandem")
+
+
+def _load(mc: ModelConfig, device: torch.device) -> torch.nn.Module:
+    try:
+        return build_model(mc.hf_config, mc.dtype, device,
+                           iter_weights(mc.model_dir, mc.gguf_file, mc.hf_config))
+    except torch.OutOfMemoryError as e:
+        raise ValueError(f"{mc.model} does not fit in {device} memory in {mc.dtype} ({e}). Use a "
+                         "smaller model or dtype, or free memory on the device.") from e
 
 
 @dataclass
@@ -59,16 +68,14 @@ class LLMEngine:
         self.device = config.device
         self.tokenizer = load_tokenizer(mc)
         t0 = time.perf_counter()
-        self.model = build_model(mc.hf_config, mc.dtype, self.device,
-                                 iter_weights(mc.model_dir, mc.gguf_file, mc.hf_config))
+        self.model = _load(mc, self.device)
         logger.info("Loaded %s (%s) in %.1f s", mc.model, mc.architecture, time.perf_counter() - t0)
         spec = config.speculative_config
         self.draft_model = None
         if spec is not None:
             dc = spec.draft_model_config
             logger.info("Loading drafter model %s ...", dc.model)
-            self.draft_model = build_model(dc.hf_config, mc.dtype, self.device,
-                                           iter_weights(dc.model_dir, dc.gguf_file, dc.hf_config))
+            self.draft_model = _load(dc, self.device)
         models = [m for m in (self.model, self.draft_model) if m is not None]
         cache, sched = config.cache_config, config.scheduler_config
         self.num_blocks = determine_num_blocks(models, cache, mc.dtype, self.device,
@@ -203,7 +210,8 @@ class LLMEngine:
         if self.proposer is not None:
             running = self.scheduler.running
             self.proposer.propose(running, [self.kv.block_table(r.request_id) for r in running])
-            self.spec_metrics.maybe_log()
+            if self.config.log_stats:
+                self.spec_metrics.maybe_log()
         return self._make_outputs(progressed)
 
     def _record_spec(self, sched, result: RunnerOutput) -> None:

@@ -213,3 +213,9 @@ def test_min_tokens_masks_stop_tokens(tiny_llama, prompts, speculative):
     assert len(out.token_ids) >= 10
     assert stop not in out.token_ids[:10]
     assert out.token_ids[:2] == full[:2]
+
+
+def test_common_vllm_arguments_are_accepted(tiny_llama):
+    llm = LLM(tiny_llama, enforce_eager=True, trust_remote_code=False, disable_log_stats=True)
+    assert not llm.llm_engine.config.log_stats
+    assert len(llm.generate("Hi", use_tqdm=False)[0].outputs[0].token_ids) > 0
