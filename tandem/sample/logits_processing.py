@@ -50,33 +50,74 @@ def apply_penalties(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
     return logits
 
 
+# Top-k/top-p look only at this many most likely tokens when the kept prefix provably ends there;
+# a full sort of a 50k-262k vocabulary per row costs more than the model's decode step on a CPU.
+_CANDIDATES = 1024
+
+
 def filter_probs(probs: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
                  min_p: torch.Tensor) -> torch.Tensor:
     """min-p, then top-k, then top-p on [B, V] probabilities; returns the renormalised result.
 
     One stable descending sort serves all three, so ties are broken towards the lower token id.
-    Each filter keeps a prefix of the sorted order, so their combination is a prefix too.
+    Each filter keeps a prefix of the sorted order, so their combination is a prefix too. Large
+    vocabularies sort only the top `_CANDIDATES` tokens; rows whose kept prefix could reach past
+    them (or end in a tie with the first excluded token) are redone with the full sort.
     """
     vocab_size = probs.shape[-1]
-    sorted_p, order = probs.sort(dim=-1, descending=True, stable=True)  # [B, V] each
-    position = torch.arange(vocab_size, device=probs.device).unsqueeze(0)  # [1, V]
+    c = min(vocab_size, _CANDIDATES)
+    if c < vocab_size and bool((top_k > c).any()):
+        c = vocab_size
+    keep, sorted_p, order = _filter_sorted(probs, top_k, top_p, min_p, c)
+    filtered = torch.zeros_like(probs).scatter_(-1, order, sorted_p * keep)  # [B, V]
+    if c < vocab_size:
+        kept_min = torch.where(keep, sorted_p, torch.full_like(sorted_p, 2.0)).amin(dim=-1)
+        redo = (keep[:, -1] | (sorted_p[:, -1] >= kept_min)).nonzero().flatten()  # [R]
+        if len(redo):
+            keep_r, sorted_r, order_r = _filter_sorted(probs[redo], top_k[redo], top_p[redo],
+                                                       min_p[redo], vocab_size)
+            filtered[redo] = torch.zeros_like(probs[redo]).scatter_(-1, order_r, sorted_r * keep_r)
+    return filtered / filtered.sum(dim=-1, keepdim=True)
+
+
+def _filter_sorted(probs: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+                   min_p: torch.Tensor, c: int
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Keep mask over the `c` most likely tokens in stable descending order: ([B, c] bool,
+    [B, c] sorted probabilities, [B, c] their token ids)."""
+    vocab_size = probs.shape[-1]
+    if c == vocab_size:
+        sorted_p, order = probs.sort(dim=-1, descending=True, stable=True)  # [B, V] each
+    else:
+        cand_p, cand_ids = probs.topk(c, dim=-1)                            # [B, c]
+        # topk does not promise an order among equal values: re-sort by id, then stably by p.
+        ids, perm = cand_ids.sort(dim=-1)
+        sorted_p, o2 = cand_p.gather(-1, perm).sort(dim=-1, descending=True, stable=True)
+        order = ids.gather(-1, o2)
+    position = torch.arange(c, device=probs.device).unsqueeze(0)  # [1, c]
 
     # min-p: drop tokens less likely than min_p times the most likely one.
-    keep = sorted_p >= min_p.unsqueeze(1) * sorted_p[:, :1]  # [B, V]
+    threshold = min_p.unsqueeze(1) * sorted_p[:, :1]                        # [B, 1]
+    keep = sorted_p >= threshold                                            # [B, c]
     # top-k: keep the first k of the sorted order (0 = off).
     k = torch.where(top_k > 0, top_k, torch.full_like(top_k, vocab_size))
     keep &= position < k.unsqueeze(1)
     # top-p on the distribution left after min-p/top-k: keep a token while the mass strictly
     # before it is still below top_p, i.e. the smallest prefix reaching top_p. Position 0 always
     # survives (its prefix mass is 0 < top_p); top_p >= 1 is "off", immune to rounding in cumsum.
-    kept = sorted_p * keep                                  # [B, V]
-    cum = kept.cumsum(dim=-1)                               # [B, V]
-    mass_before = (cum - kept) / cum[:, -1:]                # [B, V]
+    kept = sorted_p * keep                                  # [B, c]
+    cum = kept.cumsum(dim=-1)                               # [B, c]
+    if c == vocab_size:
+        total = cum[:, -1:]
+    else:
+        # Mass after min-p and top-k over the whole vocabulary: with top-k <= c it all lies in
+        # the candidates; without top-k it is every token above the min-p threshold.
+        above = (probs * (probs >= threshold)).sum(dim=-1, keepdim=True)  # [B, 1]
+        total = torch.where(top_k.unsqueeze(1) > 0, cum[:, -1:], above)
+    mass_before = (cum - kept) / total                      # [B, c]
     tp = top_p.unsqueeze(1)                                 # [B, 1]
     keep &= (mass_before < tp) | (tp >= 1.0)
-
-    filtered = torch.zeros_like(probs).scatter_(-1, order, sorted_p * keep)  # [B, V]
-    return filtered / filtered.sum(dim=-1, keepdim=True)
+    return keep, sorted_p, order
 
 
 def compute_probs(logits: torch.Tensor, md: SamplingMetadata,

@@ -17,7 +17,7 @@ import torch
 
 from tandem.sample.logits_processing import apply_penalties, compute_probs
 from tandem.sample.metadata import SamplingMetadata
-from tandem.sample.sampler import race
+from tandem.sample.sampler import draw_uniform, inverse_cdf
 
 
 @dataclass
@@ -83,7 +83,7 @@ class RejectionSampler:
         target_argmax = logits.argmax(dim=-1)                           # [R]
         probs = None if md.all_greedy else compute_probs(logits, md_rows, apply_penalty=False)
 
-        uniforms, noise = _draw(md, num_draft_tokens, random_reqs, layout, logits.shape[-1],
+        uniforms, final_u = _draw(md, num_draft_tokens, random_reqs, layout, logits.shape[-1],
                                 logits.device)
         accepted = self._accepted(target_argmax, probs, draft_token_ids, draft_probs, is_greedy,
                                   layout, uniforms)
@@ -98,7 +98,7 @@ class RejectionSampler:
         final = target_argmax[torch.tensor(final_rows, device=logits.device)].tolist()  # greedy
         if random_reqs:
             sampled = self._sample_final(probs, final_rows, num_accepted, num_draft_tokens,
-                                         draft_token_ids, draft_probs, random_reqs, layout, noise)
+                                         draft_token_ids, draft_probs, random_reqs, layout, final_u)
             for i, token in zip(random_reqs, sampled):
                 final[i] = token
         token_ids = [list(draft_token_ids[i][:a]) + [final[i]] for i, a in enumerate(num_accepted)]
@@ -133,7 +133,7 @@ class RejectionSampler:
     def _sample_final(self, probs: torch.Tensor, final_rows: list[int], num_accepted: list[int],
                       num_draft_tokens: list[int], draft_token_ids: list[list[int]],
                       draft_probs: torch.Tensor | None, random_reqs: list[int], layout: _Layout,
-                      noise: torch.Tensor) -> list[int]:
+                      final_u: torch.Tensor) -> list[int]:
         """The recovered (after a rejection) or bonus (all accepted) token of each random request."""
         device, vocab_size = probs.device, probs.shape[-1]
         weights = probs[torch.tensor([final_rows[i] for i in random_reqs], device=device)]
@@ -152,15 +152,16 @@ class RejectionSampler:
                 q = torch.nn.functional.one_hot(x.clamp(0, vocab_size - 1), vocab_size).float()
                 q *= ((x >= 0) & (x < vocab_size)).unsqueeze(1)
             weights[rej_r] = self.recovery_weights(weights[rej_r], q)
-        return race(weights, noise).tolist()
+        return inverse_cdf(weights, final_u).tolist()
 
 
 def _draw(md: SamplingMetadata, num_draft_tokens: list[int], random_reqs: list[int],
           layout: _Layout, vocab_size: int,
           device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per random request, from its own generator: k_i float64 uniforms, then one Exp(1) vector.
-    Returns uniforms [D] (greedy slots hold 0, never read) and noise [Rr, V]."""
-    noise = torch.empty(len(random_reqs), vocab_size, dtype=torch.float32, device=device)
+    """Per random request, from its own generator: k_i float64 uniforms for the accept tests,
+    then one for the final (recovered or bonus) token. Returns uniforms [D] (greedy slots hold 0,
+    never read) and final_u [Rr]."""
+    final_u = torch.empty(len(random_reqs), dtype=torch.float64, device=device)
     parts: list[torch.Tensor] = []
     slots: list[int] = []
     for r, i in enumerate(random_reqs):
@@ -168,11 +169,11 @@ def _draw(md: SamplingMetadata, num_draft_tokens: list[int], random_reqs: list[i
         if k:
             parts.append(torch.rand(k, generator=g, dtype=torch.float64, device=device))
             slots.extend(range(s, s + k))
-        noise[r].exponential_(generator=g)
+        final_u[r] = draw_uniform(g, device)[0]
     uniforms = torch.zeros(layout.num_drafts, dtype=torch.float64, device=device)
     if slots:
         uniforms[torch.tensor(slots, device=device)] = torch.cat(parts)
-    return uniforms, noise.clamp_min_(torch.finfo(torch.float32).tiny)
+    return uniforms, final_u
 
 
 def _check_inputs(target_logits: torch.Tensor, num_draft_tokens: list[int],

@@ -153,3 +153,29 @@ def test_expand_repeats_rows_and_appends_prefixes() -> None:
     sub = md.select([1])
     assert sub.all_greedy and sub.generators[0] is md.generators[1]
     assert math.isclose(float(md.select([0]).temperature[0]), 0.5)
+
+
+def test_candidate_shortcut_equals_full_sort(monkeypatch) -> None:
+    """Large vocabularies filter among the top candidates; the result must equal the full sort,
+    including rows whose nucleus spills past the candidates and rows with tied probabilities."""
+    from tandem.sample import logits_processing as lp
+
+    gen = torch.Generator().manual_seed(0)
+    vocab = 5000
+    peaked = torch.randn(6, vocab, generator=gen) * 6.0
+    flat = torch.randn(6, vocab, generator=gen) * 0.1          # nucleus spills past 1024
+    tied = torch.zeros(6, vocab)
+    tied[:, :3000:7] = 5.0                                     # hundreds of exact ties
+    probs = torch.softmax(torch.cat([peaked, flat, tied]), dim=-1)
+    n = probs.shape[0]
+    top_p = torch.tensor([0.5, 0.9, 0.99, 1.0, 0.95, 0.7] * 3)
+    top_k = torch.tensor([0, 5, 0, 1000, 0, 1024] * 3)
+    min_p = torch.tensor([0.0, 0.0, 0.05, 0.0, 0.01, 0.0] * 3)
+    assert len(top_p) == n
+    fast = lp.filter_probs(probs, top_k, top_p, min_p)
+    big_k = lp.filter_probs(probs, top_k * 3, top_p, min_p)   # top-k past the candidates
+    monkeypatch.setattr(lp, "_CANDIDATES", vocab)
+    full = lp.filter_probs(probs, top_k, top_p, min_p)
+    assert torch.equal(fast > 0, full > 0)
+    assert torch.allclose(fast, full, atol=1e-7, rtol=1e-5)
+    assert torch.allclose(big_k, lp.filter_probs(probs, top_k * 3, top_p, min_p), atol=1e-7)
