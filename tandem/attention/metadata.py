@@ -20,7 +20,6 @@ SMALL_QUERY = 16
 @dataclass
 class AttnGroup:
     q_index: torch.Tensor    # [G, Qmax] int64 flat token index of each query (padding -> 0)
-    q_valid: torch.Tensor    # [G, Qmax] bool
     q_pos: torch.Tensor      # [G, Qmax] int64 position of each query (padding -> 0)
     kv_slots: torch.Tensor   # [G, Lmax] int64 cache slot of key position j (padding -> slot 0,
                              # in the always-zero null block)
@@ -93,7 +92,7 @@ def _group(members: range, starts: list[int], query_lens: list[int], seq_lens: l
     q_index_t = torch.tensor(q_index, dtype=torch.long, device=device)
     q_valid_t = torch.tensor(q_valid, dtype=torch.bool, device=device)
     return AttnGroup(
-        q_index=q_index_t, q_valid=q_valid_t,
+        q_index=q_index_t,
         valid_rows=q_valid_t.view(-1).nonzero().view(-1), out_index=q_index_t[q_valid_t],
         q_pos=torch.tensor(q_pos, dtype=torch.long, device=device),
         kv_slots=torch.tensor(kv_slots, dtype=torch.long, device=device),

@@ -28,7 +28,6 @@ class BlockPool:
         self.free_queue: OrderedDict[int, KVBlock] = OrderedDict(
             (b.block_id, b) for b in self.blocks[1:])
         self.cached: dict[bytes, KVBlock] = {}
-        self.num_evictions = 0
 
     @property
     def num_blocks(self) -> int:
@@ -49,7 +48,6 @@ class BlockPool:
                 if self.cached.get(block.block_hash) is block:
                     del self.cached[block.block_hash]
                 block.block_hash = None
-                self.num_evictions += 1
             block.ref_cnt = 1
             out.append(block)
         return out

@@ -56,7 +56,6 @@ class Request:
     prompt_logprobs: list[Optional[dict[int, Logprob]]] = field(default_factory=list)
     cumulative_logprob: float = 0.0
     block_hashes: list[bytes] = field(default_factory=list)
-    output_text: str = ""             # detokenized output, maintained by the engine
 
     def __post_init__(self) -> None:
         self.all_token_ids = list(self.prompt_token_ids) + list(self.output_token_ids)

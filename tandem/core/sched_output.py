@@ -36,9 +36,5 @@ class SchedulerOutput:
     scheduled: list[ScheduledRequest] = field(default_factory=list)
     preempted: list[str] = field(default_factory=list)
 
-    @property
-    def total_num_tokens(self) -> int:
-        return sum(s.num_new_tokens for s in self.scheduled)
-
     def __bool__(self) -> bool:
         return bool(self.scheduled)

@@ -85,8 +85,6 @@ class LLMEngine:
             allocate_kv_caches(m, self.num_blocks, cache.block_size, mc.dtype, self.device)
         self.kv = KVCacheManager(self.num_blocks, cache.block_size, cache.enable_prefix_caching)
         self.scheduler = Scheduler(sched, self.kv)
-        # The target's vocabulary as the tokenizer knows it (configs may pad it).
-        self.vocab_size = min(mc.vocab_size, max(len(self.tokenizer), 1))
         self.runner = ModelRunner(self.model, cache.block_size, self.device, mc.vocab_size,
                                   self.tokenizer)
         self.proposer: Optional[DraftProposer] = None
@@ -208,8 +206,7 @@ class LLMEngine:
             sched, result.sampled, self._check_stop,
             lambda req, j, tok: self._on_token(req, j, tok, result))
         if self.proposer is not None:
-            running = self.scheduler.running
-            self.proposer.propose(running, [self.kv.block_table(r.request_id) for r in running])
+            self.proposer.propose(self.scheduler.running, self.kv.block_table)
             if self.config.log_stats:
                 self.spec_metrics.maybe_log()
         return self._make_outputs(progressed)

@@ -9,6 +9,8 @@ overwritten by the next catch-up pass.
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 from torch import nn
 
@@ -41,12 +43,12 @@ class DraftProposer:
         left = (p.max_tokens - len(req.output_token_ids)) if p.max_tokens is not None else self.k
         return max(0, min(self.k, left - 1, self.max_model_len - req.num_tokens))
 
-    def propose(self, reqs: list[Request], block_tables: list[list[int]]) -> None:
+    def propose(self, reqs: list[Request], block_table: Callable[[str], list[int]]) -> None:
         """Set `spec_token_ids` (and `draft_probs`) on each request that should speculate; also
         advance the draft's KV over prompt chunks the target has computed."""
         ks = [self.num_drafts(r) for r in reqs]
         # Catch-up pass: every token with target KV (and the newest sampled one, when drafting).
-        todo = [(r, t, k) for r, t, k in zip(reqs, block_tables, ks)
+        todo = [(r, block_table(r.request_id), k) for r, k in zip(reqs, ks)
                 if (r.num_tokens if k else r.num_computed_tokens) > r.draft.num_computed_tokens]
         if not todo:
             return
