@@ -122,15 +122,21 @@ class SchedulerConfig:
     max_num_seqs: int
     max_num_batched_tokens: int
     max_model_len: int
-    num_lookahead_tokens: int = 0  # k when speculating: slots reserved for the draft's writes
+    num_speculative_tokens: int = 0  # k when speculating
+    draft_has_own_blocks: bool = False  # a TLI draft: its positions differ, it has its own blocks
+
+    @property
+    def num_lookahead_tokens(self) -> int:
+        """Slots reserved after a request's tokens for the draft's writes into the same blocks."""
+        return 0 if self.draft_has_own_blocks else self.num_speculative_tokens
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be at least 1, got {self.max_num_seqs}.")
-        if self.max_num_batched_tokens < 1 + self.num_lookahead_tokens:
+        if self.max_num_batched_tokens < 1 + self.num_speculative_tokens:
             raise ValueError(
                 f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be larger than "
-                f"num_speculative_tokens ({self.num_lookahead_tokens}): each step verifies 1 + k "
+                f"num_speculative_tokens ({self.num_speculative_tokens}): each step verifies 1 + k "
                 "tokens per request.")
 
 
@@ -186,7 +192,8 @@ class EngineConfig:
             max_num_seqs=max_num_seqs if max_num_seqs is not None else 256,
             max_num_batched_tokens=(max_num_batched_tokens if max_num_batched_tokens is not None
                                     else max(2048, 256 * (1 + k))),
-            max_model_len=model_config.max_model_len, num_lookahead_tokens=k)
+            max_model_len=model_config.max_model_len, num_speculative_tokens=k,
+            draft_has_own_blocks=bool(spec and spec.uses_vocab_mapping))
         cache = CacheConfig(block_size=block_size, enable_prefix_caching=enable_prefix_caching,
                             gpu_memory_utilization=gpu_memory_utilization,
                             kv_cache_memory_bytes=kv_cache_memory_bytes)

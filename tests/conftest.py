@@ -12,7 +12,7 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from tiny_models import build_tiny_model  # noqa: E402
+from tiny_models import build_tiny_model, build_tli_draft  # noqa: E402
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 torch.set_num_threads(min(2, os.cpu_count() or 1))
@@ -48,3 +48,11 @@ def tiny_llama(tiny_dirs) -> str:
 @pytest.fixture(scope="session")
 def prompts() -> list[str]:
     return list(PROMPTS)
+
+
+@pytest.fixture(scope="session")
+def tli_draft(tiny_dirs, tmp_path_factory) -> str:
+    """A draft for tiny_dirs["llama"] with another tokenizer (SentencePiece-style, byte fallback):
+    the target's layers with embedding rows copied from twin tokens, so it partly agrees."""
+    return str(build_tli_draft(tiny_dirs["llama"], tmp_path_factory.mktemp("tli") / "draft",
+                               noise=0.3))

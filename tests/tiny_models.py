@@ -64,8 +64,9 @@ def build_sentencepiece_tokenizer(out_dir: Path, vocab_size: int = 640):
 
     tok = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True))
     tok.normalizer = normalizers.Replace(" ", "▁")
+    # Words split before each `▁`, as SentencePiece's own models do ("▁future", not "e▁").
     tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="never",
-                                                 split=False)
+                                                 split=True)
     tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(),
                                      decoders.Fuse()])
     specials = ["<pad>", "<eos>", "<bos>", "<unk>"] + [f"<0x{i:02X}>" for i in range(256)]
@@ -105,8 +106,10 @@ def _hf_config(arch: str, vocab_size: int, num_layers: int, hidden: int, bos: in
 
 
 def build_tiny_model(out_dir: Path, arch: str = "llama", seed: int = 0, num_layers: int = 2,
-                     hidden: int = 64, tokenizer: str = "bytelevel", **overrides) -> Path:
-    """Write a tiny random model of `arch` (llama, qwen2, qwen3, gemma3) plus a tokenizer."""
+                     hidden: int = 64, tokenizer: str = "bytelevel", head_scale: float = 4.0,
+                     **overrides) -> Path:
+    """Write a tiny random model of `arch` (llama, qwen2, qwen3, gemma3) plus a tokenizer.
+    `head_scale` multiplies the LM head (larger: more peaked distributions)."""
     from transformers import AutoModelForCausalLM
 
     out_dir = Path(out_dir)
@@ -122,8 +125,10 @@ def build_tiny_model(out_dir: Path, arch: str = "llama", seed: int = 0, num_laye
     # enough that greedy decoding is not decided by float noise.
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if name.endswith("embed_tokens.weight") or name.endswith("lm_head.weight"):
+            if name.endswith("embed_tokens.weight"):
                 p.mul_(4.0)
+            elif name.endswith("lm_head.weight"):
+                p.mul_(head_scale)
     model.save_pretrained(out_dir, safe_serialization=True)
     return out_dir
 
@@ -156,4 +161,71 @@ def build_small_vocab_model(out_dir: Path, seed: int, vocab_size: int = 24,
             w = model.lm_head.weight
             w.add_(noise * w.std() * torch.randn(w.shape, generator=g))
     model.save_pretrained(out_dir, safe_serialization=True)
+    return out_dir
+
+
+def _twin_ids(draft_tok, target_tok) -> dict[int, int]:
+    """draft id -> target id of the same text, read off the token strings directly (`▁` -> `Ġ`,
+    `<0xNN>` -> the byte's GPT-2 character); independent of tandem's own mapping code."""
+    from tokenizers import pre_tokenizers
+
+    printable = [b for b in range(256) if 33 <= b <= 126 or 161 <= b <= 172 or 174 <= b <= 255]
+    char_of = {b: chr(b) for b in printable}  # GPT-2's bytes_to_unicode
+    char_of.update({b: chr(256 + i) for i, b in enumerate(sorted(set(range(256)) - set(printable)))})
+    assert set(char_of.values()) == set(pre_tokenizers.ByteLevel.alphabet())
+    target_vocab = target_tok.get_vocab()
+    specials = set(draft_tok.all_special_ids)
+    twins = {}
+    for s, i in draft_tok.get_vocab().items():
+        if s.startswith("<0x") and len(s) == 6:
+            s2 = char_of[int(s[3:5], 16)]
+        elif i in specials:
+            continue
+        else:
+            s2 = "".join(char_of[b] for b in s.replace("▁", " ").encode("utf-8"))
+        if s2 in target_vocab:
+            twins[i] = target_vocab[s2]
+    return twins
+
+
+def build_tli_draft(target_dir: Path, out_dir: Path, seed: int = 0,
+                    outside_logit_boost: float = 0.0, noise: float = 0.0,
+                    vocab_size: int = 400) -> Path:
+    """A draft for `target_dir` (a tiny byte-level model) with a SentencePiece-style tokenizer:
+    the target's layers, and embedding/LM-head rows copied from each token's twin in the target
+    vocabulary, so on text both tokenize alike it predicts much like the target. Draft-only tokens
+    get random rows, their logits raised by `outside_logit_boost` (probability outside the
+    intersection, by scaling their LM-head rows); `noise` perturbs the LM head (a draft that agrees only partly)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    target_tok = AutoTokenizer.from_pretrained(target_dir)
+    draft_tok = build_sentencepiece_tokenizer(out_dir, vocab_size)  # about as many merges
+    target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32)
+    cfg = target.config.__class__.from_dict(target.config.to_dict())
+    cfg.vocab_size = len(draft_tok)
+    cfg.bos_token_id, cfg.eos_token_id = draft_tok.bos_token_id, draft_tok.eos_token_id
+    cfg.pad_token_id = draft_tok.pad_token_id
+    torch.manual_seed(seed)
+    draft = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    state = {k: v for k, v in target.state_dict().items()
+             if "embed_tokens" not in k and "lm_head" not in k}
+    draft.load_state_dict(state, strict=False)
+    twins = _twin_ids(draft_tok, target_tok)
+    g = torch.Generator().manual_seed(seed + 7)
+    with torch.no_grad():
+        for name in ("model.embed_tokens.weight", "lm_head.weight"):
+            src = target.get_parameter(name)
+            dst = draft.get_parameter(name)
+            dst.copy_(torch.randn(dst.shape, generator=g) * src.std())
+            ids = torch.tensor(sorted(twins))
+            dst[ids] = src[torch.tensor([twins[i] for i in sorted(twins)])]
+        head = draft.lm_head.weight
+        if noise:
+            head.add_(noise * head.std() * torch.randn(head.shape, generator=g))
+        if outside_logit_boost:
+            outside = torch.tensor([i for i in range(len(draft_tok)) if i not in twins])
+            head[outside] *= outside_logit_boost
+    draft.save_pretrained(out_dir, safe_serialization=True)
     return out_dir

@@ -1,7 +1,10 @@
 """KV cache manager: which blocks each request holds, prefix-cache lookups, allocation.
 
 The target and the draft share these decisions: both models' KV tensors are indexed by the same
-block ids, so one allocation covers both and preemption frees both at once.
+block ids. A draft with the target's tokenizer reads the target's blocks (one allocation covers
+both). A draft with another tokenizer (TLI) has positions of its own, so it gets blocks of its own
+from the same pool; they are optional memory: allocated only when the pool can spare them, and
+the first thing reclaimed when the target needs room. Freeing a request frees both.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ class KVCacheManager:
         self.enable_caching = enable_caching
         self.req_blocks: dict[str, list[KVBlock]] = {}
         self.num_cached_blocks: dict[str, int] = {}
+        self.draft_blocks: dict[str, list[KVBlock]] = {}  # TLI drafts only
         self.prefix_queries = 0   # prompt tokens looked up in the prefix cache
         self.prefix_hits = 0      # of which found
 
@@ -101,3 +105,26 @@ class KVCacheManager:
         blocks = self.req_blocks.pop(req.request_id, [])
         self.num_cached_blocks.pop(req.request_id, None)
         self.pool.free_blocks(list(reversed(blocks)))
+        self.free_draft(req.request_id)
+
+    # -- the draft's own blocks (TLI) ------------------------------------------------------------
+    def draft_block_table(self, request_id: str) -> list[int]:
+        return [b.block_id for b in self.draft_blocks.get(request_id, ())]
+
+    def allocate_draft_slots(self, request_id: str, num_positions: int, reserve: int) -> bool:
+        """Blocks for the draft's first `num_positions` positions, if at least `reserve` free
+        blocks remain afterwards for the target's growth. Returns False (allocating nothing)
+        otherwise."""
+        blocks = self.draft_blocks.setdefault(request_id, [])
+        need = _cdiv(num_positions, self.block_size) - len(blocks)
+        if need > 0:
+            if need > self.pool.num_free_blocks - reserve:
+                return False
+            blocks.extend(self.pool.get_new_blocks(need))
+        return True
+
+    def free_draft(self, request_id: str) -> int:
+        """Free a request's draft blocks; returns how many."""
+        blocks = self.draft_blocks.pop(request_id, [])
+        self.pool.free_blocks(list(reversed(blocks)))
+        return len(blocks)

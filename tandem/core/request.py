@@ -26,13 +26,37 @@ class RequestStatus(enum.Enum):
 
 @dataclass
 class DraftState:
-    """The draft model's view of a request. Today the draft shares the target's tokens and block
-    table, so only its progress differs; a draft with another tokenizer will keep its own token ids
-    here."""
-    num_computed_tokens: int = 0
+    """The draft model's view of a request. A draft that shares the target's tokenizer reads the
+    target's tokens and block table, so only its progress is kept here. A draft with another
+    tokenizer (TLI) keeps its own token ids, translated from the target's (their count differs
+    when a target token re-encodes to several draft tokens), and its own blocks, which the KV
+    cache manager holds beside the target's."""
+    num_computed_tokens: int = 0   # draft positions whose KV is in the draft's cache
+    token_ids: list[int] = field(default_factory=list)  # TLI only: the draft's own sequence
+    num_target_tokens: int = 0     # TLI only: target tokens already translated into token_ids
+    # The drafts whose KV the last round wrote (positions written_at, written_at + 1, ...): the
+    # part of them that was accepted needs no recomputing.
+    written_at: int = 0
+    written_ids: list[int] = field(default_factory=list)
+
+    def reset(self) -> None:
+        """The draft's KV is gone (preemption, or its blocks were reclaimed)."""
+        self.num_computed_tokens = 0
+        self.written_ids = []
+
+    def keep_accepted(self, token_ids: list[int]) -> None:
+        """Advance over the written drafts that `token_ids` (the draft's sequence) confirms."""
+        if self.written_ids and self.num_computed_tokens == self.written_at:
+            n = 0
+            for a, b in zip(token_ids[self.written_at:], self.written_ids):
+                if a != b:
+                    break
+                n += 1
+            self.num_computed_tokens += n
+        self.written_ids = []
 
 
-@dataclass
+@dataclass(eq=False)  # identity: the scheduler looks requests up in lists
 class Request:
     request_id: str
     prompt_token_ids: list[int]

@@ -49,7 +49,7 @@ class Scheduler:
         self.kv.free(req)
         req.status = RequestStatus.WAITING
         req.num_computed_tokens = 0
-        req.draft.num_computed_tokens = 0
+        req.draft.reset()
         req.spec_token_ids, req.draft_probs = [], None
         self.waiting.appendleft(req)
         self.num_preemptions += 1
@@ -69,6 +69,8 @@ class Scheduler:
                 i += 1
                 continue
             while not self.kv.allocate_slots(req, num_new, lookahead):
+                if self._reclaim_draft_blocks():
+                    continue
                 victim = self.running.pop()
                 self._preempt(victim)
                 out.preempted.append(victim.request_id)
@@ -91,12 +93,22 @@ class Scheduler:
             self.waiting.popleft()
             req.num_computed_tokens = num_hit
             req.num_cached_tokens = max(req.num_cached_tokens, num_hit)
-            req.draft.num_computed_tokens = num_hit
+            if not self.config.draft_has_own_blocks:
+                req.draft.num_computed_tokens = num_hit  # the draft's KV is in the hit blocks
             req.status = RequestStatus.RUNNING
             self.running.append(req)
             out.scheduled.append(self._scheduled(req, num_new))
             budget -= num_new
         return out
+
+    def _reclaim_draft_blocks(self) -> bool:
+        """Free the draft blocks (TLI) of the newest request holding any: the target's progress
+        comes first, and the draft recomputes its context later. False when none are held."""
+        for req in reversed(self.running):
+            if self.kv.free_draft(req.request_id):
+                req.draft.reset()
+                return True
+        return False
 
     def _scheduled(self, req: Request, num_new: int) -> ScheduledRequest:
         # Drafts that did not fit in the budget are dropped (the known tokens always come first).
@@ -143,6 +155,6 @@ class Scheduler:
 
     def cacheable_tokens(self, req: Request) -> int:
         """Tokens whose KV is final in every model that reads the blocks."""
-        if self.config.num_lookahead_tokens:
+        if self.config.num_speculative_tokens and not self.config.draft_has_own_blocks:
             return min(req.num_computed_tokens, req.draft.num_computed_tokens)
         return req.num_computed_tokens

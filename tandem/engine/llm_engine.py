@@ -6,11 +6,9 @@ One `step()` = schedule -> target forward + (rejection) sampling -> append token
 
 from __future__ import annotations
 
-import copy
 import logging
 import random
 import time
-from dataclasses import dataclass, field
 from typing import Any, Optional, Union
 
 import torch
@@ -20,14 +18,16 @@ from tandem.core.kv_cache_manager import KVCacheManager
 from tandem.core.request import Request, RequestStatus
 from tandem.core.scheduler import Scheduler
 from tandem.engine.detokenizer import IncrementalDetokenizer
+from tandem.engine.request_group import RequestGroup
 from tandem.engine.stop_checker import check_stop
 from tandem.loader.tokenizer import load_tokenizer
 from tandem.loader.weights import iter_weights
 from tandem.metrics import PREFIX, Metric, Vector
 from tandem.models.registry import build_model
-from tandem.outputs import CompletionOutput, RequestOutput, SpecDecodeRequestStats
+from tandem.outputs import RequestOutput, SpecDecodeRequestStats
 from tandem.sampling_params import SamplingParams
 from tandem.spec_decode.metrics import SpecDecodeMetrics
+from tandem.spec_decode.factory import build_proposer
 from tandem.spec_decode.proposer import DraftProposer
 from tandem.worker.kv_cache import allocate_kv_caches, determine_num_blocks
 from tandem.worker.model_runner import ModelRunner, RunnerOutput
@@ -42,22 +42,6 @@ def _load(mc: ModelConfig, device: torch.device) -> torch.nn.Module:
     except torch.OutOfMemoryError as e:
         raise ValueError(f"{mc.model} does not fit in {device} memory in {mc.dtype} ({e}). Use a "
                          "smaller model or dtype, or free memory on the device.") from e
-
-
-@dataclass
-class _Parent:
-    """A user request: n child sequences sharing one prompt."""
-    request_id: str
-    prompt: Optional[str]
-    prompt_token_ids: list[int]
-    children: list[Request]
-    final_only: bool  # build an output only when every child is done (the offline API)
-    detoks: dict[str, IncrementalDetokenizer] = field(default_factory=dict)
-    num_finished: int = 0
-
-    @property
-    def finished(self) -> bool:
-        return self.num_finished == len(self.children)
 
 
 class LLMEngine:
@@ -90,13 +74,11 @@ class LLMEngine:
         self.proposer: Optional[DraftProposer] = None
         self.spec_metrics: Optional[SpecDecodeMetrics] = None
         if spec is not None:
-            self.proposer = DraftProposer(self.draft_model, spec.num_speculative_tokens,
-                                          spec.draft_sample_method, cache.block_size,
-                                          mc.max_model_len, mc.vocab_size, self.device)
+            self.proposer = build_proposer(config, self.draft_model, self.kv, self.device)
             self.spec_metrics = SpecDecodeMetrics(spec.num_speculative_tokens)
         self._rng = random.Random(mc.seed)
-        self.parents: dict[str, _Parent] = {}
-        self._child_parent: dict[str, _Parent] = {}
+        self.parents: dict[str, RequestGroup] = {}
+        self._child_parent: dict[str, RequestGroup] = {}
         self.eos_token_id = self.tokenizer.eos_token_id
         self._extra_stop_ids = self._config_eos_ids() - {self.eos_token_id}
         self.counters = {"prompt_tokens": 0, "generation_tokens": 0, "request_success": 0,
@@ -141,7 +123,7 @@ class LLMEngine:
                 generator=self._generator(child_params.seed), eos_token_id=self.eos_token_id,
                 parent_id=request_id, index=i,
                 spec_stats=SpecDecodeRequestStats() if self.proposer else None))
-        parent = _Parent(request_id, text, ids, children, final_only)
+        parent = RequestGroup(request_id, text, ids, children, final_only)
         for child in children:
             parent.detoks[child.request_id] = IncrementalDetokenizer(
                 self.tokenizer, ids, params.stop, params.include_stop_str_in_output,
@@ -206,7 +188,7 @@ class LLMEngine:
             sched, result.sampled, self._check_stop,
             lambda req, j, tok: self._on_token(req, j, tok, result))
         if self.proposer is not None:
-            self.proposer.propose(self.scheduler.running, self.kv.block_table)
+            self.proposer.propose(self.scheduler.running)
             if self.config.log_stats:
                 self.spec_metrics.maybe_log()
         return self._make_outputs(progressed)
@@ -243,7 +225,7 @@ class LLMEngine:
         return status
 
     def _make_outputs(self, progressed: list[Request]) -> list[RequestOutput]:
-        parents: dict[str, _Parent] = {}
+        parents: dict[str, RequestGroup] = {}
         for req in progressed:
             parent = self._child_parent.get(req.request_id)
             if parent is not None:
@@ -253,33 +235,13 @@ class LLMEngine:
         for parent in parents.values():
             if parent.final_only and not parent.finished:
                 continue
-            outputs.append(self._request_output(parent))
+            outputs.append(parent.make_output())
             if parent.finished:
                 self.counters["request_success"] += 1
                 self.parents.pop(parent.request_id, None)
                 for c in parent.children:
                     self._child_parent.pop(c.request_id, None)
         return outputs
-
-    def _request_output(self, parent: _Parent) -> RequestOutput:
-        """A snapshot: every list and stats object is a copy the engine will not touch again."""
-        completions = []
-        for c in parent.children:
-            detok = parent.detoks[c.request_id]
-            want_lp = c.params.logprobs is not None
-            completions.append(CompletionOutput(
-                index=c.index, text=detok.visible_text(c.status.finished),
-                token_ids=list(c.output_token_ids),
-                cumulative_logprob=c.cumulative_logprob if want_lp else None,
-                logprobs=list(c.logprobs) if want_lp else None,
-                finish_reason=c.finish_reason, stop_reason=c.stop_reason,
-                spec_decode_stats=copy.deepcopy(c.spec_stats)))
-        first = parent.children[0]
-        plp = list(first.prompt_logprobs) if first.params.prompt_logprobs is not None else None
-        return RequestOutput(request_id=parent.request_id, prompt=parent.prompt,
-                             prompt_token_ids=parent.prompt_token_ids, prompt_logprobs=plp,
-                             outputs=completions, finished=parent.finished,
-                             num_cached_tokens=first.num_cached_tokens)
 
     # -- metrics -----------------------------------------------------------------------------
     def get_metrics(self) -> list[Union[Metric, Vector]]:

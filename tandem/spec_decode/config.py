@@ -5,6 +5,7 @@ Messages follow vLLM's wording where vLLM has one, so errors read the same after
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, Optional, Union
 
@@ -18,7 +19,11 @@ SUPPORTED_METHODS = ("draft_model",)
 VLLM_METHODS = ("ngram", "medusa", "mlp_speculator", "draft_model", "suffix", "custom_class", "eagle",
                 "eagle3", "extract_hidden_states", "mtp", "dflash", "ngram_gpu", "dspark")
 DRAFT_SAMPLE_METHODS = ("greedy", "probabilistic")
+# How a TLI draft sees a target token without a twin in its vocabulary (tandem's own key).
+FEEDBACK_MODES = ("reencode", "unk")
 MAX_SPEC_LEN = 128  # vLLM's rejection sampler bound
+_DERIVED = ("draft_model_config", "uses_vocab_mapping")  # set by create(), not by users
+logger = logging.getLogger("tandem")
 
 
 @dataclass(frozen=True)
@@ -31,15 +36,25 @@ class SpeculativeConfig:
     revision: Optional[str] = None
     draft_sample_method: str = "greedy"
     use_heterogeneous_vocab: bool = False
-    # Filled by create(): the draft's resolved model config.
+    heterogeneous_vocab_feedback: str = "reencode"
+    # Filled by create(): the draft's resolved model config, and whether the draft's tokenizer
+    # differs from the target's (then drafting goes through the TLI vocabulary mapping).
     draft_model_config: Optional[Any] = None
+    uses_vocab_mapping: bool = False
+
+    @property
+    def draft_max_model_len(self) -> int:
+        """Longest context the draft drafts at, in its own positions (vLLM: drafting stops past
+        speculative max_model_len, by default the smaller of the two models' lengths)."""
+        if self.max_model_len is not None:
+            return self.max_model_len
+        return self.draft_model_config.max_model_len
 
     @staticmethod
     def create(raw: Union[dict, SpeculativeConfig], target: ModelConfig,
                parallel: ParallelConfig, device: torch.device) -> SpeculativeConfig:
         if isinstance(raw, SpeculativeConfig):
-            raw = {f.name: getattr(raw, f.name) for f in fields(raw)
-                   if f.name != "draft_model_config"}
+            raw = {f.name: getattr(raw, f.name) for f in fields(raw) if f.name not in _DERIVED}
         if not isinstance(raw, dict):
             raise ValueError("speculative_config must be a dict or a SpeculativeConfig, got "
                              f"{type(raw).__name__}.")
@@ -47,7 +62,7 @@ class SpeculativeConfig:
         if "tensor_parallel_size" in raw:
             raise ValueError("'tensor_parallel_size' is not a valid argument in the "
                              "speculative_config. Please pass 'draft_tensor_parallel_size' instead.")
-        allowed = [f.name for f in fields(SpeculativeConfig) if f.name != "draft_model_config"]
+        allowed = [f.name for f in fields(SpeculativeConfig) if f.name not in _DERIVED]
         unknown = sorted(set(raw) - set(allowed))
         if unknown:
             raise ValueError(f"Unknown key(s) {unknown} in speculative_config; supported keys: "
@@ -58,6 +73,9 @@ class SpeculativeConfig:
 
     def _verify(self, parallel: ParallelConfig) -> None:
         method = self.method
+        if self.use_heterogeneous_vocab is True and method not in (None, "draft_model"):
+            raise ValueError("use_heterogeneous_vocab only works with method='draft_model', got "
+                             f"method={method!r}.")
         if method is None and self.model is None:
             if self.num_speculative_tokens is not None:
                 raise ValueError("num_speculative_tokens was provided but without speculative model.")
@@ -91,13 +109,9 @@ class SpeculativeConfig:
         if not isinstance(self.use_heterogeneous_vocab, bool):
             raise ValueError("use_heterogeneous_vocab must be true or false, got "
                              f"{self.use_heterogeneous_vocab!r}.")
-        if self.use_heterogeneous_vocab:
-            if self.draft_sample_method != "greedy":
-                raise ValueError("use_heterogeneous_vocab currently only supports greedy draft "
-                                 "sampling. Set draft_sample_method='greedy' (the default) or omit it.")
-            raise ValueError("use_heterogeneous_vocab=True (Token-Level Intersection for a draft "
-                             "with another tokenizer) is not available in this build yet; use a "
-                             "draft that shares the target's tokenizer.")
+        if self.heterogeneous_vocab_feedback not in FEEDBACK_MODES:
+            raise ValueError("heterogeneous_vocab_feedback must be one of "
+                             f"{list(FEEDBACK_MODES)}, got {self.heterogeneous_vocab_feedback!r}.")
         if self.max_model_len is not None and (not isinstance(self.max_model_len, int)
                                                or self.max_model_len < 1):
             raise ValueError("speculative_config['max_model_len'] must be a positive integer, got "
@@ -117,17 +131,29 @@ class SpeculativeConfig:
             if self.max_model_len > target.max_model_len:
                 raise ValueError(f"speculative_max_model_len={self.max_model_len} cannot be "
                                  f"larger than target_max_model_len={target.max_model_len}")
-        target_tok, draft_tok = load_tokenizer(target), load_tokenizer(draft)
-        if not same_tokenizer(target_tok, draft_tok):
+        target_tok = load_tokenizer(target)
+        try:
+            draft_tok = load_tokenizer(draft)
+        except Exception as e:  # noqa: BLE001 - any loader failure gets the same clear message
+            raise ValueError(
+                f"Could not load the draft's tokenizer for speculative_config['model']="
+                f"{self.model!r} (from {draft.tokenizer}): {type(e).__name__}: {e}. The draft "
+                "needs its own tokenizer files (tokenizer.json or a GGUF vocabulary), so its "
+                "tokens can be compared with the target's.") from e
+        same = same_tokenizer(target_tok, draft_tok)
+        if not same and not self.use_heterogeneous_vocab:
             raise ValueError(
                 "Target and draft model should have the same vocabulary. Target model "
                 f"vocab_size={target.vocab_size} ({len(target_tok)} tokens in its tokenizer). "
                 f"Draft model vocab_size={draft.vocab_size} ({len(draft_tok)} tokens in its "
                 "tokenizer). Using models with different tokenizers needs "
                 "\"use_heterogeneous_vocab\": true in speculative_config.")
+        if self.use_heterogeneous_vocab and same:
+            logger.info("use_heterogeneous_vocab: the draft shares the target's tokenizer, so "
+                        "drafting needs no vocabulary mapping.")
         return SpeculativeConfig(**{f.name: getattr(self, f.name) for f in fields(self)
-                                    if f.name != "draft_model_config"},
-                                 draft_model_config=draft)
+                                    if f.name not in _DERIVED},
+                                 draft_model_config=draft, uses_vocab_mapping=not same)
 
 
 def same_tokenizer(a: Any, b: Any) -> bool:

@@ -1,36 +1,36 @@
 """Draft proposer: runs the draft model k steps per continuing request and stores its drafts.
 
-The draft has its own KV tensors but reads the target's block tables. Each round starts with one
-"catch-up" pass over every token the draft has not yet seen as verified (usually the new token,
-after a full acceptance also the last draft; after a prefix-cache hit or preemption the prompt),
-then k - 1 single-token passes. Draft KV written for drafts that are later rejected is simply
-overwritten by the next catch-up pass.
+Each round starts with one "catch-up" pass over every position the draft has not yet computed
+(usually the newest token; after an acceptance also the accepted drafts; after a prefix-cache hit,
+a preemption or for a new request, its prompt), then k - 1 single-token passes. Draft KV written
+for drafts that are later rejected is simply overwritten by the next catch-up pass. What the draft
+reads (the target's tokens and blocks, or its own for a TLI draft) is the job of `draft_inputs`.
 """
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Union
 
 import torch
 from torch import nn
 
 from tandem.core.request import Request
-from tandem.sample.logits_processing import compute_probs
 from tandem.sample.metadata import SamplingMetadata
-from tandem.sample.sampler import sample_from_probs
+from tandem.spec_decode.draft_inputs import SharedVocabDraft, TLIDraft
 from tandem.worker.model_runner import make_batch, run_model
 
 
 class DraftProposer:
-    def __init__(self, model: nn.Module, num_speculative_tokens: int, sample_method: str,
-                 block_size: int, max_model_len: int, vocab_size: int,
-                 device: torch.device) -> None:
+    def __init__(self, model: nn.Module, inputs: Union[SharedVocabDraft, TLIDraft],
+                 num_speculative_tokens: int, block_size: int, max_model_len: int,
+                 draft_max_model_len: int, max_catch_up: int, device: torch.device) -> None:
         self.model = model
+        self.inputs = inputs
         self.k = num_speculative_tokens
-        self.probabilistic = sample_method == "probabilistic"
         self.block_size = block_size
-        self.max_model_len = max_model_len
-        self.vocab_size = vocab_size  # the target's: draft ids and q live in the target's space
+        self.max_model_len = max_model_len          # the target's (drafts are target tokens)
+        self.draft_max_model_len = draft_max_model_len  # in the draft's own positions
+        self.max_catch_up = max_catch_up            # tokens one catch-up pass may compute
         self.device = device
 
     def num_drafts(self, req: Request) -> int:
@@ -43,72 +43,71 @@ class DraftProposer:
         left = (p.max_tokens - len(req.output_token_ids)) if p.max_tokens is not None else self.k
         return max(0, min(self.k, left - 1, self.max_model_len - req.num_tokens))
 
-    def propose(self, reqs: list[Request], block_table: Callable[[str], list[int]]) -> None:
+    def _plan(self, req: Request, spare: int) -> tuple[int, int]:
+        """(end of this catch-up pass, number of drafts) for one request."""
+        k = self.num_drafts(req)
+        full = self.inputs.context_end(req, drafting=k > 0)
+        req.draft.keep_accepted(self.inputs.token_ids(req))
+        k = max(0, min(k, self.draft_max_model_len - full))
+        end = min(full, req.draft.num_computed_tokens + self.max_catch_up)
+        if end < full:
+            k = 0  # a long context catches up over several steps before drafting
+        if k and self.inputs.reserve(req, end + k - 1, spare):
+            return end, k
+        return (end, 0) if self.inputs.reserve(req, end, spare) else (req.draft.num_computed_tokens, 0)
+
+    def propose(self, reqs: list[Request]) -> None:
         """Set `spec_token_ids` (and `draft_probs`) on each request that should speculate; also
         advance the draft's KV over prompt chunks the target has computed."""
-        ks = [self.num_drafts(r) for r in reqs]
-        # Catch-up pass: every token with target KV (and the newest sampled one, when drafting).
-        todo = [(r, block_table(r.request_id), k) for r, k in zip(reqs, ks)
-                if (r.num_tokens if k else r.num_computed_tokens) > r.draft.num_computed_tokens]
+        plans = [self._plan(r, spare=len(reqs)) for r in reqs]
+        todo = [(r, self.inputs.block_table(r), end, k) for r, (end, k) in zip(reqs, plans)
+                if end > r.draft.num_computed_tokens]
         if not todo:
             return
-        ends = [r.num_tokens if k else r.num_computed_tokens for r, _, k in todo]
-        batch = make_batch([r.all_token_ids[r.draft.num_computed_tokens:e]
-                            for (r, _, _), e in zip(todo, ends)],
-                           [r.draft.num_computed_tokens for r, _, _ in todo],
-                           [t for _, t, _ in todo], self.device)
+        batch = make_batch([self.inputs.token_ids(r)[r.draft.num_computed_tokens:e]
+                            for r, _, e, _ in todo],
+                           [r.draft.num_computed_tokens for r, _, _, _ in todo],
+                           [t for _, t, _, _ in todo], self.device)
         last_rows, offset = [], 0
         for q in batch.query_lens:
             offset += q
             last_rows.append(offset - 1)
-        drafting = [i for i, (_, _, k) in enumerate(todo) if k > 0]
+        drafting = [i for i, (_, _, _, k) in enumerate(todo) if k > 0]
         logits = run_model(self.model, batch, self.block_size,
                            torch.tensor([last_rows[i] for i in drafting], dtype=torch.long))
-        for (r, _, _), e in zip(todo, ends):
+        for r, _, e, _ in todo:
             r.draft.num_computed_tokens = e
         if not drafting:
             return
         active = [todo[i] for i in drafting]
         md = SamplingMetadata.from_params(
-            [r.params for r, _, _ in active], [r.output_token_ids for r, _, _ in active],
-            [r.prompt_token_ids for r, _, _ in active], [r.generator for r, _, _ in active],
+            [r.params for r, *_ in active], [r.output_token_ids for r, *_ in active],
+            [r.prompt_token_ids for r, *_ in active], [r.generator for r, *_ in active],
             self.device)
-        drafts: list[list[int]] = [[] for _ in active]
+        drafts: list[list[int]] = [[] for _ in active]  # target ids
         probs: list[list[torch.Tensor]] = [[] for _ in active]
-        for step in range(max(k for _, _, k in active)):
+        feeds: list[list[int]] = [[] for _ in active]  # draft ids fed back (their KV written)
+        fed: list[int] = [0] * len(active)              # the last draft id, fed to the next step
+        for step in range(max(k for *_, k in active)):
             if step > 0:
-                live = [i for i, (_, _, k) in enumerate(active) if k > step]
-                batch = make_batch([[drafts[i][-1]] for i in live],
-                                   [active[i][0].num_tokens + step - 1 for i in live],
+                live = [i for i, (*_, k) in enumerate(active) if k > step]
+                for i in live:
+                    feeds[i].append(fed[i])
+                batch = make_batch([[fed[i]] for i in live],
+                                   [active[i][2] + step - 1 for i in live],
                                    [active[i][1] for i in live], self.device)
                 logits = run_model(self.model, batch, self.block_size,
                                    torch.arange(len(live), dtype=torch.long))
                 sub = md.select(live)
             else:
                 live, sub = list(range(len(active))), md
-            tokens, q = self._sample(logits, sub)
-            for j, i in enumerate(live):
-                drafts[i].append(int(tokens[j]))
+            draft_ids, target_ids, q = self.inputs.propose(logits, sub)
+            for j, (i, d, t) in enumerate(zip(live, draft_ids.tolist(), target_ids.tolist())):
+                drafts[i].append(t)
+                fed[i] = d
                 if q is not None:
                     probs[i].append(q[j])
-        for i, (r, _, _) in enumerate(active):
+        for i, (r, _, end, _) in enumerate(active):
+            r.draft.written_at, r.draft.written_ids = end, feeds[i]
             r.spec_token_ids = drafts[i]
-            r.draft_probs = torch.stack(probs[i]) if self.probabilistic else None
-
-    def _sample(self, logits: torch.Tensor, md: SamplingMetadata
-                ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        logits = _fit_vocab(logits, self.vocab_size)  # [B, V_target]
-        if not self.probabilistic:
-            return logits.argmax(dim=-1), None
-        # q is exactly the distribution the draft token is drawn from; penalties are skipped
-        # (any q keeps the output exact, the rejection sampler corrects for it).
-        q = compute_probs(logits, md, apply_penalty=False)  # [B, V]
-        return sample_from_probs(q, md.generators), q
-
-
-def _fit_vocab(logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """Draft and target may pad their vocabularies differently; drafts never use padding ids."""
-    if logits.shape[1] >= vocab_size:
-        return logits[:, :vocab_size]
-    pad = logits.new_full((logits.shape[0], vocab_size - logits.shape[1]), float("-inf"))
-    return torch.cat([logits, pad], dim=1)
+            r.draft_probs = torch.stack(probs[i]) if probs[i] else None

@@ -15,7 +15,7 @@ import pytest
 
 from entrypoints.server_helpers import (API_KEY, EOS_PROMPT, STARTUP_TIMES, ServerProcess,
                                         client_for, free_port, start_server, stop_server)
-from tiny_models import build_tiny_model
+from tiny_models import build_tiny_model, build_tli_draft
 
 
 @pytest.fixture(scope="session")
@@ -109,6 +109,20 @@ def spec_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
     srv = start_server(str(tiny_model_dir), ["--served-model-name", "tiny-spec", "tiny-alias",
                                              "--speculative-config", spec],
                        tmp_path_factory.mktemp("logs") / "spec_server.log")
+    yield srv
+    stop_server(srv.proc)
+
+
+@pytest.fixture(scope="session")
+def tli_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+               ) -> Iterator[ServerProcess]:
+    """A draft with another tokenizer (SentencePiece-style) through --speculative-config."""
+    draft = build_tli_draft(tiny_model_dir, tmp_path_factory.mktemp("tli-draft"), noise=0.3)
+    spec = json.dumps({"model": str(draft), "num_speculative_tokens": 3, "method": "draft_model",
+                       "use_heterogeneous_vocab": True, "draft_sample_method": "probabilistic"})
+    srv = start_server(str(tiny_model_dir), ["--served-model-name", "tiny-tli",
+                                             "--speculative-config", spec],
+                       tmp_path_factory.mktemp("logs") / "tli_server.log")
     yield srv
     stop_server(srv.proc)
 

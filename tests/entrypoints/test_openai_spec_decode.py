@@ -1,5 +1,6 @@
 """Speculative decoding through the server (checklist 53-57): the draft changes speed, never
-output; statistics ride on every response and /metrics counts accepted draft tokens."""
+output; statistics ride on every response and /metrics counts accepted draft tokens. Each test runs
+with a same-vocabulary draft and with a draft of another tokenizer (TLI)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,19 @@ import httpx
 import openai
 import pytest
 
-from entrypoints.server_helpers import ServerProcess
+from entrypoints.server_helpers import ServerProcess, client_for
 
 PROMPTS = ["The future of AI is", "Once upon a time", "Hello, my name is"]
+
+
+@pytest.fixture(scope="module", params=["spec", "tli"])
+def draft_server(request: pytest.FixtureRequest) -> ServerProcess:
+    return request.getfixturevalue("spec_server" if request.param == "spec" else "tli_server")
+
+
+@pytest.fixture(scope="module")
+def draft_client(draft_server: ServerProcess) -> openai.OpenAI:
+    return client_for(draft_server)
 
 
 def _accepted(srv: ServerProcess) -> float:
@@ -23,11 +34,11 @@ def _accepted(srv: ServerProcess) -> float:
 
 @pytest.mark.parametrize("prompt", PROMPTS)
 def test_greedy_output_and_logprobs_match_plain(client: openai.OpenAI, server: ServerProcess,
-                                                spec_client: openai.OpenAI,
-                                                spec_server: ServerProcess, prompt: str) -> None:
+                                                draft_client: openai.OpenAI,
+                                                draft_server: ServerProcess, prompt: str) -> None:
     kwargs = dict(prompt=prompt, temperature=0, max_tokens=12, logprobs=3)
     plain = client.completions.create(model=server.model, **kwargs)
-    spec = spec_client.completions.create(model=spec_server.model, **kwargs)
+    spec = draft_client.completions.create(model=draft_server.model, **kwargs)
     p, s = plain.choices[0], spec.choices[0]
     assert s.text == p.text and s.logprobs.tokens == p.logprobs.tokens            # 53
     assert spec.usage == plain.usage and spec.usage.completion_tokens == 12       # 54
@@ -39,17 +50,17 @@ def test_greedy_output_and_logprobs_match_plain(client: openai.OpenAI, server: S
 
 
 @pytest.mark.parametrize("max_tokens", [1, 2, 3, 4, 5, 7])
-def test_max_tokens_never_overshot(spec_client: openai.OpenAI, spec_server: ServerProcess,
+def test_max_tokens_never_overshot(draft_client: openai.OpenAI, draft_server: ServerProcess,
                                    max_tokens: int) -> None:
-    r = spec_client.completions.create(model=spec_server.model, prompt=PROMPTS[0],
+    r = draft_client.completions.create(model=draft_server.model, prompt=PROMPTS[0],
                                        temperature=0, max_tokens=max_tokens, logprobs=0)
     assert r.usage.completion_tokens == max_tokens == len(r.choices[0].logprobs.tokens)  # 55
     assert r.choices[0].finish_reason == "length"
 
 
-def test_chunks_carry_several_tokens_and_finish_once(spec_client: openai.OpenAI,
-                                                     spec_server: ServerProcess) -> None:
-    chunks = list(spec_client.completions.create(model=spec_server.model, prompt=PROMPTS[1],
+def test_chunks_carry_several_tokens_and_finish_once(draft_client: openai.OpenAI,
+                                                     draft_server: ServerProcess) -> None:
+    chunks = list(draft_client.completions.create(model=draft_server.model, prompt=PROMPTS[1],
                                                  temperature=0, max_tokens=16, logprobs=0,
                                                  stream=True))
     tokens_per_chunk = [len(c.choices[0].logprobs.tokens) for c in chunks]
@@ -59,15 +70,28 @@ def test_chunks_carry_several_tokens_and_finish_once(spec_client: openai.OpenAI,
     assert chunks[-1].model_extra["metrics"]["speculative_decoding"]["num_draft_tokens"] > 0
 
 
-def test_metrics_show_accepted_tokens_rising(spec_client: openai.OpenAI,
-                                             spec_server: ServerProcess) -> None:
-    before = _accepted(spec_server)
-    spec_client.completions.create(model=spec_server.model, prompt=PROMPTS[2], temperature=0,
+def test_metrics_show_accepted_tokens_rising(draft_client: openai.OpenAI,
+                                             draft_server: ServerProcess) -> None:
+    before = _accepted(draft_server)
+    draft_client.completions.create(model=draft_server.model, prompt=PROMPTS[2], temperature=0,
                                    max_tokens=10)
-    after = _accepted(spec_server)
+    after = _accepted(draft_server)
     assert after > before
-    text = httpx.get(spec_server.url + "/metrics").text
+    text = httpx.get(draft_server.url + "/metrics").text
     assert "tandem:spec_decode_num_draft_tokens_total{" in text
+
+
+def test_streamed_chat_matches_plain(client: openai.OpenAI, server: ServerProcess,
+                                     draft_client: openai.OpenAI,
+                                     draft_server: ServerProcess) -> None:
+    """Chat templates put special tokens in the prompt; a TLI draft reads them as text."""
+    messages = [{"role": "user", "content": "Explain to a ten-year-old why the sky is blue."}]
+    plain = client.chat.completions.create(model=server.model, messages=messages,
+                                           temperature=0, max_tokens=20)
+    chunks = draft_client.chat.completions.create(model=draft_server.model, messages=messages,
+                                                  temperature=0, max_tokens=20, stream=True)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == plain.choices[0].message.content
 
 
 def test_served_model_aliases(spec_client: openai.OpenAI, spec_server: ServerProcess) -> None:

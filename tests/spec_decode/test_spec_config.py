@@ -29,8 +29,13 @@ from tiny_models import build_tiny_model
     ({"model": "D", "num_speculative_tokens": 3, "draft_sample_method": "beam"},
      "draft_sample_method must be one of ['greedy', 'probabilistic'], got 'beam'."),
     ({"model": "D", "num_speculative_tokens": 3, "use_heterogeneous_vocab": True,
-      "draft_sample_method": "probabilistic"},
-     "use_heterogeneous_vocab currently only supports greedy draft sampling."),
+      "method": "ngram"},
+     "use_heterogeneous_vocab only works with method='draft_model', got method='ngram'."),
+    ({"model": "D", "num_speculative_tokens": 3, "use_heterogeneous_vocab": "yes"},
+     "use_heterogeneous_vocab must be true or false, got 'yes'."),
+    ({"model": "D", "num_speculative_tokens": 3, "use_heterogeneous_vocab": True,
+      "heterogeneous_vocab_feedback": "drop"},
+     "heterogeneous_vocab_feedback must be one of ['reencode', 'unk'], got 'drop'."),
     ({"model": "D", "num_speculative_tokens": 3, "bogus": 1}, "Unknown key(s) ['bogus']"),
 ])
 def test_config_errors(tiny_llama, config, message):

@@ -1,0 +1,114 @@
+"""What the draft model reads and where it writes, for each kind of draft.
+
+`SharedVocabDraft`: a draft with the target's tokenizer reads the target's token ids and block
+tables, and its ids are target ids (only padded vocabularies may differ).
+`TLIDraft`: a draft with another tokenizer keeps its own token sequence (translated from the
+target's by `TargetToDraft`) and blocks of its own, proposes only inside the vocabulary
+intersection, and hands the verifier target ids and q placed in the target's vocabulary.
+
+Both answer the same questions for the proposer: how far the draft's context reaches, which
+tokens and block table to run, and how logits become (draft ids, target ids, q).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from tandem.core.kv_cache_manager import KVCacheManager
+from tandem.core.request import Request
+from tandem.sample.logits_processing import compute_probs
+from tandem.sample.metadata import SamplingMetadata
+from tandem.sample.sampler import sample_from_probs
+from tandem.spec_decode.draft_feedback import TargetToDraft
+from tandem.spec_decode.vocab_mapping import VocabMapping
+
+# (draft ids [B], target ids [B], q [B, V_target] or None for greedy drafting)
+Proposal = tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]
+
+
+class SharedVocabDraft:
+    def __init__(self, kv: KVCacheManager, target_vocab_size: int, probabilistic: bool) -> None:
+        self.kv = kv
+        self.vocab_size = target_vocab_size
+        self.probabilistic = probabilistic
+
+    def context_end(self, req: Request, drafting: bool) -> int:
+        """Positions the draft's KV must cover before it drafts: the target's computed tokens
+        (prefill runs in step with the target), and the newest sampled token when drafting."""
+        return req.num_tokens if drafting else req.num_computed_tokens
+
+    def token_ids(self, req: Request) -> list[int]:
+        return req.all_token_ids
+
+    def block_table(self, req: Request) -> list[int]:
+        return self.kv.block_table(req.request_id)
+
+    def reserve(self, req: Request, num_positions: int, spare: int) -> bool:
+        return True  # the scheduler's lookahead slots hold the draft's writes
+
+    def propose(self, logits: torch.Tensor, md: SamplingMetadata) -> Proposal:
+        logits = _fit_vocab(logits, self.vocab_size)  # [B, V_target]
+        if not self.probabilistic:
+            ids = logits.argmax(dim=-1)
+            return ids, ids, None
+        # q is exactly the distribution the draft token is drawn from; penalties are skipped
+        # (any q keeps the output exact, the rejection sampler corrects for it).
+        q = compute_probs(logits, md, apply_penalty=False)  # [B, V]
+        ids = sample_from_probs(q, md.generators)
+        return ids, ids, q
+
+
+class TLIDraft:
+    def __init__(self, kv: KVCacheManager, mapping: VocabMapping, feedback: TargetToDraft,
+                 probabilistic: bool) -> None:
+        self.kv = kv
+        self.mapping = mapping
+        self.feedback = feedback
+        self.probabilistic = probabilistic
+        self.outside = ~mapping.draft_mask  # [V_draft] True where the draft may not propose
+
+    def context_end(self, req: Request, drafting: bool) -> int:
+        """Translate the target tokens the draft has not yet seen; returns the length of the
+        draft's own sequence, which its KV must cover before drafting."""
+        d = req.draft
+        upto = req.num_tokens if drafting else req.num_computed_tokens
+        if upto > d.num_target_tokens:
+            new = req.all_token_ids[d.num_target_tokens:upto]
+            d.token_ids += (self.feedback.prompt(new) if d.num_target_tokens == 0
+                            else self.feedback.tokens(new))
+            d.num_target_tokens = upto
+        return len(d.token_ids)
+
+    def token_ids(self, req: Request) -> list[int]:
+        return req.draft.token_ids
+
+    def block_table(self, req: Request) -> list[int]:
+        return self.kv.draft_block_table(req.request_id)
+
+    def reserve(self, req: Request, num_positions: int, spare: int) -> bool:
+        return self.kv.allocate_draft_slots(req.request_id, num_positions, spare)
+
+    def propose(self, logits: torch.Tensor, md: SamplingMetadata) -> Proposal:
+        """Draft only inside the intersection: greedy takes the argmax there; probabilistic
+        samples the request's temperature/top-k/top-p distribution of the masked logits, and
+        that exact distribution, placed in target ids (zero elsewhere), is q."""
+        m = self.mapping
+        logits = logits[:, :m.draft_vocab_size].masked_fill(self.outside, float("-inf"))
+        if not self.probabilistic:
+            draft_ids = logits.argmax(dim=-1)                         # [B]
+            return draft_ids, m.draft_to_target[draft_ids], None
+        q_draft = compute_probs(logits, md, apply_penalty=False)      # [B, V_draft], 0 outside I
+        draft_ids = sample_from_probs(q_draft, md.generators)         # [B]
+        q = q_draft.new_zeros(q_draft.shape[0], m.target_vocab_size)  # [B, V_target]
+        q.index_copy_(1, m.target_ids, q_draft.index_select(1, m.draft_ids))
+        return draft_ids, m.draft_to_target[draft_ids], q
+
+
+def _fit_vocab(logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Draft and target may pad their vocabularies differently; drafts never use padding ids."""
+    if logits.shape[1] >= vocab_size:
+        return logits[:, :vocab_size]
+    pad = logits.new_full((logits.shape[0], vocab_size - logits.shape[1]), float("-inf"))
+    return torch.cat([logits, pad], dim=1)
