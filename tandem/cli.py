@@ -46,13 +46,19 @@ def serve(argv: Sequence[str], launch_time: float) -> None:
     except ArgumentError as e:
         print_error_and_exit(str(e), 2)
     _setup_logging()
+    from tandem.config import EngineConfig
+    from tandem.distributed.node import run_worker_node
     from tandem.engine.async_engine import AsyncLLMEngine
+    from tandem.engine.llm_engine import LLMEngine
     from tandem.entrypoints.chat_utils import load_chat_template
     from tandem.entrypoints.openai.api_server import run_server
     try:
         chat_template = load_chat_template(args.chat_template)
-        engine = AsyncLLMEngine.from_kwargs(log_stats=not args.disable_log_stats,
-                                            **engine_kwargs(args))
+        kwargs = engine_kwargs(args)
+        config = EngineConfig.create(disable_log_stats=args.disable_log_stats, **kwargs)
+        if config.parallel_config.node_rank > 0:  # workers only: node 0 serves
+            sys.exit(run_worker_node(config))
+        engine = AsyncLLMEngine(LLMEngine(config), log_stats=not args.disable_log_stats)
     except STARTUP_ERRORS as e:
         print_error_and_exit(one_line(e), 1)
     run_server(args, engine, chat_template, launch_time)

@@ -12,6 +12,8 @@ from typing import Any, Optional, Union
 
 import torch
 
+from tandem.distributed.launch import Launch, launch_from
+from tandem.distributed.tp_check import check_tp_size
 from tandem.spec_decode.config import SpeculativeConfig
 
 _DTYPES = {
@@ -143,14 +145,40 @@ class SchedulerConfig:
 @dataclass(frozen=True)
 class ParallelConfig:
     tensor_parallel_size: int = 1
+    nnodes: int = 1            # machines the ranks spread over (ranks split evenly)
+    node_rank: int = 0         # this machine's place among them; > 0 runs workers only
+    master_addr: str = "127.0.0.1"
+    master_port: int = 0       # 0: a free port (one machine only)
 
     def __post_init__(self) -> None:
-        if self.tensor_parallel_size < 1:
-            raise ValueError(
-                f"tensor_parallel_size must be at least 1, got {self.tensor_parallel_size}.")
-        if self.tensor_parallel_size > 1:
-            raise ValueError(f"tensor_parallel_size={self.tensor_parallel_size} is not supported "
-                             "yet: this build runs tensor_parallel_size=1 only.")
+        tp = self.tensor_parallel_size
+        if not isinstance(tp, int) or tp < 1:
+            raise ValueError(f"tensor_parallel_size must be at least 1, got {tp}.")
+        if self.nnodes < 1 or tp % self.nnodes:
+            raise ValueError(f"nnodes={self.nnodes} must be at least 1 and divide "
+                             f"tensor_parallel_size={tp} (each node runs the same number of ranks).")
+        if not 0 <= self.node_rank < self.nnodes:
+            raise ValueError(f"node_rank={self.node_rank} must be in [0, nnodes={self.nnodes}).")
+        if self.nnodes > 1 and not self.master_port:
+            raise ValueError("Several nodes need an agreed rendezvous: pass --master-addr and "
+                             "--master-port (or MASTER_ADDR and MASTER_PORT) on every node.")
+
+    @property
+    def launch(self) -> Launch:
+        return Launch(self.tensor_parallel_size, self.nnodes, self.node_rank, self.master_addr,
+                      self.master_port)
+
+
+def _parallel_config(tp: int, nnodes: Optional[int], node_rank: Optional[int],
+                     master_addr: Optional[str], master_port: Optional[int]) -> ParallelConfig:
+    if not isinstance(tp, int) or isinstance(tp, bool) or tp < 1:
+        raise ValueError(f"tensor_parallel_size must be at least 1, got {tp!r}.")
+    if tp == 1:
+        return ParallelConfig(1)
+    # The rendezvous environment variables count only when ranks are asked for.
+    launch = launch_from(tp, nnodes, node_rank, master_addr, master_port)
+    return ParallelConfig(tp, launch.nnodes, launch.node_rank, launch.master_addr,
+                          launch.master_port)
 
 
 @dataclass(frozen=True)
@@ -172,6 +200,8 @@ class EngineConfig:
                revision: Optional[str] = None, block_size: int = 16,
                kv_cache_memory_bytes: Optional[int] = None, disable_log_stats: bool = False,
                enforce_eager: bool = True, trust_remote_code: bool = False,
+               nnodes: Optional[int] = None, node_rank: Optional[int] = None,
+               master_addr: Optional[str] = None, master_port: Optional[int] = None,
                **unknown: Any) -> EngineConfig:
         """`enforce_eager` and `trust_remote_code` are accepted so vLLM call sites run unchanged:
         tandem always runs eagerly and only runs its own model code."""
@@ -181,12 +211,18 @@ class EngineConfig:
         if not isinstance(model, str) or not model:
             raise ValueError(f"model must be a non-empty string, got {model!r}.")
         dev = resolve_device(device)
-        parallel = ParallelConfig(tensor_parallel_size)
+        parallel = _parallel_config(tensor_parallel_size, nnodes, node_rank, master_addr,
+                                    master_port)
         model_config = ModelConfig.create(model, tokenizer, dtype, max_model_len, seed, revision,
                                           dev)
+        check_tp_size(model_config.hf_config, parallel.tensor_parallel_size,
+                      "tensor_parallel_size", model)
         spec = None
         if speculative_config is not None:
             spec = SpeculativeConfig.create(speculative_config, model_config, parallel, dev)
+            if (spec.draft_tensor_parallel_size or 1) > 1:
+                check_tp_size(spec.draft_model_config.hf_config, spec.draft_tensor_parallel_size,
+                              "speculative_config.draft_tensor_parallel_size", spec.model)
         k = spec.num_speculative_tokens if spec else 0
         sched = SchedulerConfig(
             max_num_seqs=max_num_seqs if max_num_seqs is not None else 256,

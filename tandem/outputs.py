@@ -75,7 +75,7 @@ class CompletionOutput:
     token_ids: list[int]
     cumulative_logprob: Optional[float]
     logprobs: Optional[SampleLogprobs]
-    finish_reason: Optional[str] = None  # "stop" | "length" | "abort" | None while running
+    finish_reason: Optional[str] = None  # "stop" | "length" | "abort" | "error" | None (running)
     stop_reason: Union[int, str, None] = None  # the stop string or stop token id that matched
     spec_decode_stats: Optional[SpecDecodeRequestStats] = None
 
@@ -92,6 +92,7 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     finished: bool
     num_cached_tokens: int = 0
+    error: Optional[str] = None  # the request failed inside the engine (the others went on)
 
     @property
     def spec_decode_stats(self) -> Optional[SpecDecodeRequestStats]:

@@ -14,6 +14,7 @@ from typing import Optional, Union
 # Below this a temperature is numerically unstable; vLLM clamps (0, 0.01) up to 0.01.
 _MIN_TEMPERATURE = 0.01
 MAX_LOGPROBS = 20
+MAX_N_SEQUENCES = 16384  # vLLM's VLLM_MAX_N_SEQUENCES default
 _INT64_MAX = 2**63 - 1
 
 
@@ -60,6 +61,8 @@ class SamplingParams:
     def _verify(self) -> None:
         if not isinstance(self.n, int) or self.n < 1:
             raise ValueError(f"n must be at least 1, got {self.n}.")
+        if self.n > MAX_N_SEQUENCES:
+            raise ValueError(f"n must be at most {MAX_N_SEQUENCES}, got {self.n}.")
         if not -2.0 <= self.presence_penalty <= 2.0:
             raise ValueError(f"presence_penalty must be in [-2, 2], got {self.presence_penalty}.")
         if not -2.0 <= self.frequency_penalty <= 2.0:
@@ -73,6 +76,10 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}.")
         if not isinstance(self.top_k, int) or self.top_k < 0:
             raise ValueError(f"top_k must be 0 (disable), or at least 1, got {self.top_k}.")
+        for name in ("top_k", "max_tokens", "min_tokens"):  # each becomes a 64-bit integer
+            value = getattr(self, name)
+            if value is not None and value > _INT64_MAX:
+                raise ValueError(f"{name} must be at most {_INT64_MAX}, got {value}.")
         if not 0.0 <= self.min_p <= 1.0:
             raise ValueError(f"min_p must be in [0, 1], got {self.min_p}.")
         if self.seed is not None and not (-_INT64_MAX - 1 <= self.seed <= _INT64_MAX):
@@ -90,8 +97,9 @@ class SamplingParams:
                 raise ValueError(f"{name} must be in [0, {MAX_LOGPROBS}] or -1, got {value}.")
         if any(not s for s in self.stop):
             raise ValueError("stop cannot contain an empty string.")
-        if any(t < 0 for t in self.stop_token_ids):
-            raise ValueError(f"stop_token_ids must be non-negative, got {self.stop_token_ids}.")
+        if any(not isinstance(t, int) or not 0 <= t <= _INT64_MAX for t in self.stop_token_ids):
+            raise ValueError(f"stop_token_ids must be non-negative 64-bit integers, got "
+                             f"{self.stop_token_ids}.")
 
     @property
     def greedy(self) -> bool:

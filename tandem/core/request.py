@@ -9,6 +9,7 @@ from typing import Optional, Union
 import torch
 
 from tandem.outputs import Logprob, SpecDecodeRequestStats
+from tandem.sample.random import SeededRandom
 from tandem.sampling_params import SamplingParams
 
 
@@ -18,10 +19,11 @@ class RequestStatus(enum.Enum):
     FINISHED_STOPPED = "stop"
     FINISHED_LENGTH = "length"
     FINISHED_ABORTED = "abort"
+    FINISHED_ERROR = "error"  # failed inside an engine step; the rest of the batch went on
 
     @property
     def finished(self) -> bool:
-        return self.value in ("stop", "length", "abort")
+        return self is not RequestStatus.WAITING and self is not RequestStatus.RUNNING
 
 
 @dataclass
@@ -61,7 +63,7 @@ class Request:
     request_id: str
     prompt_token_ids: list[int]
     params: SamplingParams
-    generator: torch.Generator
+    rng: SeededRandom                 # keyed randomness (seed, position, purpose)
     eos_token_id: Optional[int] = None
     prompt: Optional[str] = None
     parent_id: Optional[str] = None   # for n > 1, the user's request id
@@ -73,6 +75,8 @@ class Request:
     status: RequestStatus = RequestStatus.WAITING
     stop_reason: Union[int, str, None] = None
     spec_token_ids: list[int] = field(default_factory=list)   # drafts to verify next step
+    awaiting_drafts: bool = False  # should verify drafts next, but the draft could not make them
+    steps_awaiting: int = 0        # steps sat out waiting for them
     draft_probs: Optional[torch.Tensor] = None                # [k, V] q of each draft, or None
     draft: DraftState = field(default_factory=DraftState)
     spec_stats: Optional[SpecDecodeRequestStats] = None

@@ -17,6 +17,10 @@ from tandem.core.kv_cache_manager import KVCacheManager
 from tandem.core.request import Request, RequestStatus
 from tandem.core.sched_output import ScheduledRequest, SchedulerOutput
 
+# A request waits at most this many steps for drafts the draft cannot make yet (a TLI draft short
+# of memory, or catching up on a long context) before it goes on without them.
+MAX_STEPS_AWAITING_DRAFTS = 8
+
 
 class Scheduler:
     def __init__(self, config: SchedulerConfig, kv: KVCacheManager) -> None:
@@ -46,25 +50,48 @@ class Scheduler:
         self.requests.pop(req.request_id, None)
 
     def _preempt(self, req: Request) -> None:
+        """Free the request's blocks; it recomputes later. Its pending drafts are kept, so the
+        positions they cover are still verified against them (a seeded request's tokens must not
+        depend on whether it was preempted)."""
         self.kv.free(req)
         req.status = RequestStatus.WAITING
         req.num_computed_tokens = 0
         req.draft.reset()
-        req.spec_token_ids, req.draft_probs = [], None
+        req.awaiting_drafts, req.steps_awaiting = False, 0
         self.waiting.appendleft(req)
         self.num_preemptions += 1
 
     # -- one step ------------------------------------------------------------------------------
-    def schedule(self) -> SchedulerOutput:
+    def schedule(self, force: bool = False) -> SchedulerOutput:
+        """Requests waiting for drafts (`awaiting_drafts`) sit out the step (a few steps at most),
+        unless `force`: the engine forces a step when the draft can make no progress."""
+        return self._schedule(skip_awaiting=not force)
+
+    def _num_new(self, req: Request, computed: int, budget: int) -> int:
+        """Tokens to compute this step: all of them up to and with the drafts when they fit;
+        otherwise a chunk that stops short of the last known token. Drafts are never cut, nor
+        replaced by a plain sample: how a position is decided must not depend on the budget."""
+        total = req.num_tokens_with_spec - computed
+        if total <= budget:
+            return total
+        if not req.spec_token_ids:
+            return budget
+        return min(budget, req.num_tokens - 1 - computed)
+
+    def _schedule(self, skip_awaiting: bool) -> SchedulerOutput:
         out = SchedulerOutput()
         budget = self.config.max_num_batched_tokens
         lookahead = self.config.num_lookahead_tokens
-        scheduled_ids: set[str] = set()
 
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
-            num_new = min(req.num_tokens_with_spec - req.num_computed_tokens, budget)
+            if skip_awaiting and req.awaiting_drafts \
+                    and req.steps_awaiting < MAX_STEPS_AWAITING_DRAFTS:
+                req.steps_awaiting += 1
+                i += 1
+                continue
+            num_new = self._num_new(req, req.num_computed_tokens, budget)
             if num_new <= 0:
                 i += 1
                 continue
@@ -79,7 +106,6 @@ class Scheduler:
             if req.status is RequestStatus.WAITING:  # preempted itself: nothing left to evict
                 break
             out.scheduled.append(self._scheduled(req, num_new))
-            scheduled_ids.add(req.request_id)
             budget -= num_new
             i += 1
 
@@ -87,8 +113,8 @@ class Scheduler:
                and len(self.running) < self.config.max_num_seqs):
             req = self.waiting[0]
             hits, num_hit = self.kv.get_computed_blocks(req)
-            num_new = min(req.num_tokens - num_hit, budget)
-            if not self.kv.allocate_slots(req, num_new, lookahead, hits):
+            num_new = self._num_new(req, num_hit, budget)
+            if num_new <= 0 or not self.kv.allocate_slots(req, num_new, lookahead, hits):
                 break
             self.waiting.popleft()
             req.num_computed_tokens = num_hit
@@ -111,47 +137,51 @@ class Scheduler:
         return False
 
     def _scheduled(self, req: Request, num_new: int) -> ScheduledRequest:
-        # Drafts that did not fit in the budget are dropped (the known tokens always come first).
-        num_known = req.num_tokens - req.num_computed_tokens
-        num_spec = max(0, num_new - num_known)
-        if num_spec < len(req.spec_token_ids):
-            req.spec_token_ids = req.spec_token_ids[:num_spec]
-            if req.draft_probs is not None:
-                req.draft_probs = req.draft_probs[:num_spec]
-        return ScheduledRequest(req, num_new, list(req.spec_token_ids),
-                                self.kv.block_table(req.request_id))
+        # _num_new either reaches every draft or stops before the last known token.
+        spec = list(req.spec_token_ids) if num_new > req.num_tokens - req.num_computed_tokens \
+            else []
+        return ScheduledRequest(req, num_new, spec, self.kv.block_table(req.request_id))
 
     def update_from_output(self, out: SchedulerOutput, sampled: dict[str, list[int]],
                            check_stop: Callable[[Request], Optional[RequestStatus]],
-                           on_token: Callable[[Request, int, int], None]) -> list[Request]:
+                           on_token: Callable[[Request, int, int], None],
+                           on_error: Callable[[Request, BaseException], None]) -> list[Request]:
         """Append sampled tokens, roll back rejected drafts, apply stop checks, free finished
-        requests. `on_token(req, index_in_step, token)` records per-token extras (logprobs).
-        Returns the requests that progressed."""
+        requests. `on_token(req, index_in_step, token)` records per-token extras (logprobs);
+        a request whose update raises goes to `on_error`. Returns the requests that progressed."""
         progressed: list[Request] = []
         for s in out.scheduled:
             req = s.request
             if req.status.finished or req.request_id not in self.requests:
-                continue  # aborted while the step ran
-            req.num_computed_tokens += s.num_new_tokens
-            tokens = sampled.get(req.request_id, [])
-            num_drafts = len(s.spec_token_ids)
-            if num_drafts:
-                # Tokens after the first rejected draft were computed on wrong inputs: forget them.
-                req.num_computed_tokens -= num_drafts - (len(tokens) - 1)
-            req.spec_token_ids, req.draft_probs = [], None
-            if not tokens:
-                continue  # a prompt chunk that does not complete the prompt
-            progressed.append(req)
-            for j, token in enumerate(tokens):
-                req.append_token(token)
-                on_token(req, j, token)
-                status = check_stop(req)
-                if status is not None:
-                    self.finish_request(req, status)
-                    break
-            if not req.status.finished:
-                self.kv.cache_blocks(req, self.cacheable_tokens(req))
+                continue  # aborted (or failed) while the step ran
+            try:
+                if self._update(req, s, sampled.get(req.request_id, []), check_stop, on_token):
+                    progressed.append(req)
+            except Exception as error:  # noqa: BLE001 - that request fails, the others go on
+                on_error(req, error)
         return progressed
+
+    def _update(self, req: Request, s: ScheduledRequest, tokens: list[int],
+                check_stop: Callable[[Request], Optional[RequestStatus]],
+                on_token: Callable[[Request, int, int], None]) -> bool:
+        req.num_computed_tokens += s.num_new_tokens
+        num_drafts = len(s.spec_token_ids)
+        if num_drafts:
+            # Tokens after the first rejected draft were computed on wrong inputs: forget them.
+            req.num_computed_tokens -= num_drafts - (len(tokens) - 1)
+            req.spec_token_ids, req.draft_probs = [], None
+        if not tokens:
+            return False  # a prompt chunk that does not complete the prompt
+        for j, token in enumerate(tokens):
+            req.append_token(token)
+            on_token(req, j, token)
+            status = check_stop(req)
+            if status is not None:
+                self.finish_request(req, status)
+                break
+        if not req.status.finished:
+            self.kv.cache_blocks(req, self.cacheable_tokens(req))
+        return True
 
     def cacheable_tokens(self, req: Request) -> int:
         """Tokens whose KV is final in every model that reads the blocks."""

@@ -1,22 +1,57 @@
-"""Tensor-parallel process-group state. At tensor_parallel_size 1 (the only size this build runs)
-every collective is a no-op; the linear layers already shard through these calls, so a multi-process
-executor only has to initialise torch.distributed."""
+"""Tensor-parallel groups, as the layers see them.
+
+A layer captures the group it is built for (`building_for(group)` around model construction) and
+uses it for its shard sizes and collectives; model files never mention ranks. The default group
+is a single rank, whose collectives are no-ops, so a model built outside any `building_for` is
+an ordinary single-process model (the draft beside rank 0 is built that way).
+"""
 
 from __future__ import annotations
+
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import Any, Iterator, Optional
 
 import torch
 import torch.distributed as dist
 
 
-def tp_size() -> int:
-    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+@dataclass(frozen=True)
+class TPGroup:
+    rank: int = 0
+    size: int = 1
+    group: Optional[Any] = None  # a torch.distributed ProcessGroup (None: the default one)
+
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        """Sum over ranks, in place."""
+        if self.size > 1:
+            dist.all_reduce(x, group=self.group)
+        return x
+
+    def all_gather(self, x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+        """Every rank's `x`, concatenated along `dim` in rank order."""
+        if self.size == 1:
+            return x
+        x = x.contiguous()
+        parts = [torch.empty_like(x) for _ in range(self.size)]
+        dist.all_gather(parts, x, group=self.group)
+        return torch.cat(parts, dim=dim)
 
 
-def tp_rank() -> int:
-    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+SINGLE = TPGroup()
+_BUILDING: ContextVar[TPGroup] = ContextVar("tandem_tp_group", default=SINGLE)
 
 
-def all_reduce(x: torch.Tensor) -> torch.Tensor:
-    if tp_size() > 1:
-        dist.all_reduce(x)
-    return x
+@contextmanager
+def building_for(group: TPGroup) -> Iterator[None]:
+    """Layers constructed inside take `group` as their tensor-parallel group."""
+    token = _BUILDING.set(group)
+    try:
+        yield
+    finally:
+        _BUILDING.reset(token)
+
+
+def current_group() -> TPGroup:
+    return _BUILDING.get()

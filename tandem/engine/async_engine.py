@@ -1,9 +1,15 @@
 """AsyncLLMEngine: drives the (not thread-safe) LLMEngine from one background thread for asyncio
 callers such as the OpenAI server.
 
-The thread owns the engine: it drains an inbox of commands (add, abort, call), runs `step()` while
-there is work, and hands each request's outputs to that request's asyncio queue through
-`loop.call_soon_threadsafe`. Everything that touches the engine runs on that thread.
+The thread owns the engine: it takes commands from an inbox (add, abort, call), a bounded number
+between steps so a burst of admissions never stalls generation, runs `step()` while there is
+work, and hands each request's outputs to that request's asyncio queue through
+`loop.call_soon_threadsafe`. Everything that touches the engine runs on that thread. After every
+step it publishes a metrics snapshot, which `/metrics` reads without waiting for the thread.
+
+No client can stop the loop: a request that fails is failed alone (by the engine, or here), a
+caller that gives up mid-admission has its request aborted, and any command that raises is
+logged. Should the loop itself ever die, `on_dead` is called (the server then exits non-zero).
 """
 
 from __future__ import annotations
@@ -17,16 +23,18 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable, Optional, Union
 
+from tandem.distributed.errors import WorkerDiedError
 from tandem.outputs import RequestOutput
 from tandem.sampling_params import SamplingParams
 
 logger = logging.getLogger("tandem.async_engine")
 
 _IDLE_WAIT_S = 0.05  # how long the thread blocks on an empty inbox before checking for shutdown
+_COMMANDS_PER_STEP = 64  # commands handled between two steps while generating
 
 
 class EngineStepError(RuntimeError):
-    """step() raised; every request in flight at that moment fails with this (an HTTP 500)."""
+    """A request failed inside the engine (an HTTP 500 for that request only)."""
 
 
 class EngineDeadError(RuntimeError):
@@ -55,7 +63,8 @@ class _Call:
 
 
 class AsyncLLMEngine:
-    def __init__(self, engine: Any, log_stats: bool = False, log_interval_s: float = 10.0) -> None:
+    def __init__(self, engine: Any, log_stats: bool = False, log_interval_s: float = 10.0,
+                 on_dead: Optional[Callable[[], None]] = None) -> None:
         self.engine = engine
         # Read-only after construction, so safe to use from the event loop.
         self.tokenizer = engine.tokenizer
@@ -66,6 +75,9 @@ class AsyncLLMEngine:
         self._stop = threading.Event()
         self._log_stats = log_stats
         self._log_interval_s = log_interval_s
+        self.on_dead = on_dead
+        self.accepting = True  # False while shutting down: new requests get a 503
+        self._metrics: list = self._safe_metrics()
         self._thread = threading.Thread(target=self._run, name="tandem-engine", daemon=True)
         self._thread.start()
 
@@ -93,10 +105,18 @@ class AsyncLLMEngine:
                           params: SamplingParams) -> asyncio.Queue:
         """Queue a request; raises what engine.add_request raises (ValueError for bad input)."""
         self._check_alive()
+        if not self.accepting:
+            raise EngineDeadError("the server is shutting down")
         loop = asyncio.get_running_loop()
         cmd = _Add(request_id, prompt, params, asyncio.Queue(), loop)
         self._inbox.put(cmd)
-        await asyncio.wrap_future(cmd.done)
+        try:
+            await asyncio.wrap_future(cmd.done)
+        except asyncio.CancelledError:
+            # The caller gave up (a client timeout). If the engine thread already added the
+            # request, nobody will read it: abort it (the inbox keeps the order add, abort).
+            self.abort_nowait(request_id)
+            raise
         return cmd.stream
 
     async def generate(self, prompt: Union[str, list[int]], params: SamplingParams,
@@ -147,6 +167,10 @@ class AsyncLLMEngine:
     async def get_metrics(self) -> list:
         return await self.call(lambda engine: engine.get_metrics())
 
+    def metrics_snapshot(self) -> list:
+        """The metrics as of the last step (no wait for the engine thread)."""
+        return self._metrics
+
     async def num_free_kv_blocks(self) -> Optional[int]:
         return await self.call(lambda engine: engine.num_free_kv_blocks()
                                if hasattr(engine, "num_free_kv_blocks") else None)
@@ -154,6 +178,9 @@ class AsyncLLMEngine:
     def shutdown(self, timeout: float = 5.0) -> None:
         self._stop.set()
         self._thread.join(timeout)
+        stop = getattr(self.engine, "shutdown", None)
+        if stop is not None:
+            stop()  # worker processes of a tensor-parallel engine
 
     # ---- engine-thread side ----------------------------------------------------------------
 
@@ -171,6 +198,8 @@ class AsyncLLMEngine:
 
     def _handle(self, cmd: Union[_Add, _Abort, _Call]) -> None:
         if isinstance(cmd, _Add):
+            if not cmd.done.set_running_or_notify_cancel():
+                return  # the caller gave up before the request was added
             if cmd.request_id in self._streams:
                 cmd.done.set_exception(ValueError(f"duplicate request id {cmd.request_id!r}"))
                 return
@@ -187,15 +216,22 @@ class AsyncLLMEngine:
                     self.engine.abort_request(cmd.request_id)
                 except Exception:
                     logger.exception("abort_request(%s) failed", cmd.request_id)
-        else:
+        elif cmd.done.set_running_or_notify_cancel():
             try:
                 cmd.done.set_result(cmd.fn(self.engine))
             except Exception as e:
                 cmd.done.set_exception(e)
 
+    def _handle_safely(self, cmd: Union[_Add, _Abort, _Call]) -> None:
+        try:
+            self._handle(cmd)
+        except Exception:  # a command must never take the loop down
+            logger.exception("engine command %s failed", type(cmd).__name__)
+
     def _fail_all(self, error: BaseException) -> None:
-        """After a failed step, fail every request in flight and drop it from the engine, so
-        the next requests start from a clean scheduler."""
+        """After step() itself raised (the engine isolates request failures, so this is a bug),
+        fail every request in flight and drop it from the engine, so the next requests start
+        from a clean scheduler."""
         failed = EngineStepError(f"internal engine error: {type(error).__name__}: {error}")
         for request_id in list(self._streams):
             self._deliver(request_id, failed, last=True)
@@ -205,32 +241,66 @@ class AsyncLLMEngine:
                 logger.exception("abort_request(%s) failed after a step error", request_id)
 
     def _run(self) -> None:
+        try:
+            self._loop()
+        except BaseException:  # noqa: BLE001 - the loop is gone; say so and let the owner exit
+            logger.critical("the engine loop died", exc_info=True)
+            stop = getattr(self.engine, "shutdown", None)
+            if stop is not None:
+                try:
+                    stop()
+                except Exception:  # noqa: BLE001 - already dying; leave no workers behind
+                    logger.exception("shutting down the engine failed")
+            self._stop.set()
+            for request_id in list(self._streams):
+                self._deliver(request_id, EngineDeadError("the engine loop died"), last=True)
+            if self.on_dead is not None:
+                self.on_dead()
+
+    def _loop(self) -> None:
         last_log = time.monotonic()
         while not self._stop.is_set():
+            failure = getattr(self.engine, "failure", None)
+            if failure:  # a tensor-parallel worker died: the engine cannot go on
+                raise WorkerDiedError(failure)
             busy = bool(self._streams) and self._has_work()
             try:
                 cmd = self._inbox.get(block=not busy, timeout=None if busy else _IDLE_WAIT_S)
-                self._handle(cmd)
-                while True:
-                    self._handle(self._inbox.get_nowait())
+                self._handle_safely(cmd)
+                for _ in range(_COMMANDS_PER_STEP - 1 if busy else 10**9):
+                    self._handle_safely(self._inbox.get_nowait())
             except queue.Empty:
                 pass
             if not self._has_work():
+                self._metrics = self._safe_metrics()
                 continue
             try:
                 for out in self.engine.step():
                     if out.request_id not in self._streams:
                         continue  # aborted while the step ran
+                    if getattr(out, "error", None):
+                        self._deliver(out.request_id, EngineStepError(
+                            f"internal engine error: {out.error}"), last=True)
+                        continue
                     # The engine hands out fresh lists and stats copies each step, so the event loop
                     # can read `out` while this thread keeps stepping.
                     self._deliver(out.request_id, out, last=out.finished)
+            except WorkerDiedError:
+                raise
             except Exception as e:  # the loop must outlive any one bad step
                 logger.exception("engine step failed; failing %d request(s)", len(self._streams))
                 self._fail_all(e)
-                continue
+            self._metrics = self._safe_metrics()
             if self._log_stats and time.monotonic() - last_log > self._log_interval_s:
                 last_log = time.monotonic()
                 self._log_stats_line()
+
+    def _safe_metrics(self) -> list:
+        try:
+            return list(self.engine.get_metrics())
+        except Exception:
+            logger.exception("get_metrics failed")
+            return []
 
     def _has_work(self) -> bool:
         try:
@@ -240,10 +310,7 @@ class AsyncLLMEngine:
             return False
 
     def _log_stats_line(self) -> None:
-        try:
-            metrics = {m.name: getattr(m, "value", None) for m in self.engine.get_metrics()}
-        except Exception:
-            return
+        metrics = {m.name: getattr(m, "value", None) for m in self._metrics}
         accepted = metrics.get("tandem:spec_decode_num_accepted_tokens")
         drafted = metrics.get("tandem:spec_decode_num_draft_tokens")
         spec = (f", draft acceptance {accepted / drafted:.1%}"

@@ -2,10 +2,14 @@
 
 One `step()` = schedule -> target forward + (rejection) sampling -> append tokens and check stops
 -> draft proposals for the next step -> RequestOutputs for the requests that progressed.
+A request that fails inside a step fails alone: the step is redone request by request to find it,
+it is finished with an error, and the rest of the batch goes on (keyed randomness makes a redone
+step give the same tokens).
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import random
 import time
@@ -18,30 +22,23 @@ from tandem.core.kv_cache_manager import KVCacheManager
 from tandem.core.request import Request, RequestStatus
 from tandem.core.scheduler import Scheduler
 from tandem.engine.detokenizer import IncrementalDetokenizer
+from tandem.engine.engine_metrics import engine_metrics
+from tandem.engine.fault_isolation import execute_isolated, propose_isolated
 from tandem.engine.request_group import RequestGroup
 from tandem.engine.stop_checker import check_stop
+from tandem.distributed.executor import make_executor
 from tandem.loader.tokenizer import load_tokenizer
-from tandem.loader.weights import iter_weights
-from tandem.metrics import PREFIX, Metric, Vector
-from tandem.models.registry import build_model
+from tandem.metrics import Metric, Vector
 from tandem.outputs import RequestOutput, SpecDecodeRequestStats
+from tandem.sample.random import SeededRandom
 from tandem.sampling_params import SamplingParams
 from tandem.spec_decode.metrics import SpecDecodeMetrics
 from tandem.spec_decode.factory import build_proposer
 from tandem.spec_decode.proposer import DraftProposer
-from tandem.worker.kv_cache import allocate_kv_caches, determine_num_blocks
+from tandem.worker.kv_cache import determine_num_blocks
 from tandem.worker.model_runner import ModelRunner, RunnerOutput
 
 logger = logging.getLogger("tandem")
-
-
-def _load(mc: ModelConfig, device: torch.device) -> torch.nn.Module:
-    try:
-        return build_model(mc.hf_config, mc.dtype, device,
-                           iter_weights(mc.model_dir, mc.gguf_file, mc.hf_config))
-    except torch.OutOfMemoryError as e:
-        raise ValueError(f"{mc.model} does not fit in {device} memory in {mc.dtype} ({e}). Use a "
-                         "smaller model or dtype, or free memory on the device.") from e
 
 
 class LLMEngine:
@@ -52,37 +49,40 @@ class LLMEngine:
         self.device = config.device
         self.tokenizer = load_tokenizer(mc)
         t0 = time.perf_counter()
-        self.model = _load(mc, self.device)
-        logger.info("Loaded %s (%s) in %.1f s", mc.model, mc.architecture, time.perf_counter() - t0)
         spec = config.speculative_config
-        self.draft_model = None
-        if spec is not None:
-            dc = spec.draft_model_config
-            logger.info("Loading drafter model %s ...", dc.model)
-            self.draft_model = _load(dc, self.device)
+        # The executor loads the models (this rank's shards) and starts any other ranks.
+        self.executor = make_executor(config)
+        self.model = self.executor.models["target"]
+        self.draft_model = self.executor.models["draft"]
+        logger.info("Loaded %s (%s%s) in %.1f s", mc.model, mc.architecture,
+                    f", drafter {spec.model}" if spec else "", time.perf_counter() - t0)
         models = [m for m in (self.model, self.draft_model) if m is not None]
         cache, sched = config.cache_config, config.scheduler_config
         self.num_blocks = determine_num_blocks(models, cache, mc.dtype, self.device,
                                                mc.max_model_len, sched.max_num_seqs,
                                                sched.num_lookahead_tokens)
-        for m in models:
-            allocate_kv_caches(m, self.num_blocks, cache.block_size, mc.dtype, self.device)
+        self.executor.allocate_kv(self.num_blocks)
         self.kv = KVCacheManager(self.num_blocks, cache.block_size, cache.enable_prefix_caching)
         self.scheduler = Scheduler(sched, self.kv)
-        self.runner = ModelRunner(self.model, cache.block_size, self.device, mc.vocab_size,
+        self.runner = ModelRunner(self.executor.forward("target"), self.device, mc.vocab_size,
                                   self.tokenizer)
         self.proposer: Optional[DraftProposer] = None
         self.spec_metrics: Optional[SpecDecodeMetrics] = None
         if spec is not None:
-            self.proposer = build_proposer(config, self.draft_model, self.kv, self.device)
+            self.proposer = build_proposer(config, self.executor.forward("draft"), self.kv,
+                                           self.device)
             self.spec_metrics = SpecDecodeMetrics(spec.num_speculative_tokens)
         self._rng = random.Random(mc.seed)
         self.parents: dict[str, RequestGroup] = {}
         self._child_parent: dict[str, RequestGroup] = {}
+        self._failed: dict[str, RequestGroup] = {}   # failed this step, reported by step()
+        # Child sequences get ids of their own, never derived from the user's request id, so no
+        # client-chosen id can collide with another request's sequence.
+        self._seq_ids = itertools.count()
         self.eos_token_id = self.tokenizer.eos_token_id
         self._extra_stop_ids = self._config_eos_ids() - {self.eos_token_id}
         self.counters = {"prompt_tokens": 0, "generation_tokens": 0, "request_success": 0,
-                         "request_aborted": 0}
+                         "request_aborted": 0, "request_failed": 0}
 
     @classmethod
     def from_kwargs(cls, model: str, **kwargs: Any) -> LLMEngine:
@@ -111,27 +111,31 @@ class LLMEngine:
         if params.max_tokens is None:
             params.max_tokens = max(1, mc.max_model_len - len(ids))
         params._all_stop_token_ids = set(params.stop_token_ids) | self._extra_stop_ids
-        children = []
-        for i in range(params.n):
-            child_params = params
-            if params.n > 1 and params.seed is not None:
-                child_params = params.clone()
-                child_params.seed = params.seed + i  # distinct, reproducible children
-            children.append(Request(
-                request_id=request_id if params.n == 1 else f"{i}_{request_id}",
-                prompt_token_ids=ids, params=child_params, prompt=text,
-                generator=self._generator(child_params.seed), eos_token_id=self.eos_token_id,
-                parent_id=request_id, index=i,
-                spec_stats=SpecDecodeRequestStats() if self.proposer else None))
-        parent = RequestGroup(request_id, text, ids, children, final_only)
-        for child in children:
-            parent.detoks[child.request_id] = IncrementalDetokenizer(
-                self.tokenizer, ids, params.stop, params.include_stop_str_in_output,
-                params.skip_special_tokens)
-            self._child_parent[child.request_id] = parent
-            self.scheduler.add_request(child)
-        self.parents[request_id] = parent
+        group = RequestGroup(request_id, text, ids, params, final_only,
+                             window=self.config.scheduler_config.max_num_seqs)
+        self.parents[request_id] = group
+        self._spawn(group)
         self.counters["prompt_tokens"] += len(ids) * params.n
+
+    def _spawn(self, group: RequestGroup) -> None:
+        for child in group.spawn(self._make_child):
+            self._child_parent[child.request_id] = group
+            self.scheduler.add_request(child)
+
+    def _make_child(self, group: RequestGroup, index: int) -> Request:
+        params = group.params
+        if params.n > 1 and params.seed is not None:
+            params = params.clone()
+            params.seed = group.params.seed + index  # distinct, reproducible children
+        child = Request(request_id=f"seq-{next(self._seq_ids)}",
+                        prompt_token_ids=group.prompt_token_ids, params=params,
+                        prompt=group.prompt, rng=self._random(params.seed),
+                        eos_token_id=self.eos_token_id, parent_id=group.request_id, index=index,
+                        spec_stats=SpecDecodeRequestStats() if self.proposer else None)
+        group.detoks[child.request_id] = IncrementalDetokenizer(
+            self.tokenizer, group.prompt_token_ids, params.stop,
+            params.include_stop_str_in_output, params.skip_special_tokens)
+        return child
 
     def _validate_prompt(self, ids: list[int]) -> None:
         mc = self.model_config
@@ -152,10 +156,8 @@ class LLMEngine:
             raise ValueError(f"The prompt ({len(ids)} tokens) needs {need} KV blocks but the "
                              f"cache has only {self.num_blocks}; raise kv_cache_memory_bytes.")
 
-    def _generator(self, seed: Optional[int]) -> torch.Generator:
-        g = torch.Generator(device=self.device)
-        g.manual_seed(seed if seed is not None else self._rng.getrandbits(63))
-        return g
+    def _random(self, seed: Optional[int]) -> SeededRandom:
+        return SeededRandom(seed if seed is not None else self._rng.getrandbits(63))
 
     def abort_request(self, request_id: str) -> None:
         parent = self.parents.pop(request_id, None)
@@ -170,15 +172,31 @@ class LLMEngine:
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
 
+    @property
+    def failure(self) -> Optional[str]:
+        """Why the engine cannot go on (a tensor-parallel worker died), or None."""
+        return self.executor.failure
+
+    def shutdown(self) -> None:
+        """Stop any worker processes (also done when the engine is collected or at exit)."""
+        self.executor.shutdown()
+
     def num_free_kv_blocks(self) -> int:
         return self.kv.num_free_blocks
 
     # -- the step ------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         sched = self.scheduler.schedule()
+        if not sched and self.scheduler.running:
+            # Everything runnable waits for drafts: let the draft catch up alone this step, or,
+            # when it cannot make progress (no memory to spare), go on without drafts.
+            if self.proposer is not None and propose_isolated(self.proposer,
+                                                              self.scheduler.running, self._fail):
+                return self._make_outputs([])
+            sched = self.scheduler.schedule(force=True)
         if not sched:
-            return []
-        result = self.runner.execute(sched)
+            return self._make_outputs([])
+        result = execute_isolated(self.runner, sched, self._fail)
         self._record_spec(sched, result)
         for rid, plp in result.prompt_logprobs.items():
             req = self.scheduler.requests.get(rid)
@@ -186,12 +204,27 @@ class LLMEngine:
                 req.prompt_logprobs.extend(plp)
         progressed = self.scheduler.update_from_output(
             sched, result.sampled, self._check_stop,
-            lambda req, j, tok: self._on_token(req, j, tok, result))
+            lambda req, j, tok: self._on_token(req, j, tok, result), on_error=self._fail)
         if self.proposer is not None:
-            self.proposer.propose(self.scheduler.running)
+            propose_isolated(self.proposer, self.scheduler.running, self._fail)
             if self.config.log_stats:
                 self.spec_metrics.maybe_log()
         return self._make_outputs(progressed)
+
+    def _fail(self, req: Request, error: BaseException) -> None:
+        """Finish the user request `req` belongs to with an error; free all its sequences."""
+        group = self._child_parent.get(req.request_id)
+        logger.error("request %s failed inside the engine step and was finished with an error: "
+                     "%s: %s", group.request_id if group else req.request_id,
+                     type(error).__name__, error, exc_info=error)
+        if group is None:
+            self.scheduler.finish_request(req, RequestStatus.FINISHED_ERROR)
+            return
+        group.error = f"{type(error).__name__}: {error}"
+        for child in group.children:
+            if not child.status.finished:
+                self.scheduler.finish_request(child, RequestStatus.FINISHED_ERROR)
+        self._failed[group.request_id] = group
 
     def _record_spec(self, sched, result: RunnerOutput) -> None:
         if self.spec_metrics is None:
@@ -225,41 +258,28 @@ class LLMEngine:
         return status
 
     def _make_outputs(self, progressed: list[Request]) -> list[RequestOutput]:
-        parents: dict[str, RequestGroup] = {}
+        groups: dict[str, RequestGroup] = {}
         for req in progressed:
-            parent = self._child_parent.get(req.request_id)
-            if parent is not None:
-                parents[parent.request_id] = parent
-                parent.num_finished += req.status.finished  # a child finishes in one step only
+            group = self._child_parent.get(req.request_id)
+            if group is not None and group.error is None:
+                groups[group.request_id] = group
+                if req.status.finished:  # a child finishes in one step only
+                    group.num_finished += 1
+                    self._spawn(group)
+        groups.update(self._failed)
+        self._failed = {}
         outputs = []
-        for parent in parents.values():
-            if parent.final_only and not parent.finished:
+        for group in groups.values():
+            if group.final_only and not group.finished:
                 continue
-            outputs.append(parent.make_output())
-            if parent.finished:
-                self.counters["request_success"] += 1
-                self.parents.pop(parent.request_id, None)
-                for c in parent.children:
+            outputs.append(group.make_output())
+            if group.finished:
+                self.counters["request_failed" if group.error else "request_success"] += 1
+                self.parents.pop(group.request_id, None)
+                for c in group.children:
                     self._child_parent.pop(c.request_id, None)
         return outputs
 
     # -- metrics -----------------------------------------------------------------------------
     def get_metrics(self) -> list[Union[Metric, Vector]]:
-        c = self.counters
-        used = self.num_blocks - self.kv.num_free_blocks
-        metrics: list[Union[Metric, Vector]] = [
-            Metric(PREFIX + "prompt_tokens", c["prompt_tokens"]),
-            Metric(PREFIX + "generation_tokens", c["generation_tokens"]),
-            Metric(PREFIX + "request_success", c["request_success"]),
-            Metric(PREFIX + "request_aborted", c["request_aborted"]),
-            Metric(PREFIX + "num_preemptions", self.scheduler.num_preemptions),
-            Metric(PREFIX + "prefix_cache_queries", self.kv.prefix_queries),
-            Metric(PREFIX + "prefix_cache_hits", self.kv.prefix_hits),
-            Metric(PREFIX + "num_requests_running", len(self.scheduler.running), kind="gauge"),
-            Metric(PREFIX + "num_requests_waiting", len(self.scheduler.waiting), kind="gauge"),
-            Metric(PREFIX + "kv_cache_usage_perc", used / self.num_blocks, kind="gauge"),
-            Metric(PREFIX + "kv_cache_free_blocks", self.kv.num_free_blocks, kind="gauge"),
-        ]
-        if self.spec_metrics is not None:
-            metrics.extend(self.spec_metrics.metrics())
-        return metrics
+        return engine_metrics(self)

@@ -1,14 +1,20 @@
-"""A user request inside the engine: n child sequences sharing one prompt, and its outputs."""
+"""A user request inside the engine: n child sequences sharing one prompt, and its outputs.
+
+Children are created as they are needed, at most `window` unfinished at a time: a request with
+n = 10,000 neither allocates ten thousand sequences at once nor holds every batch slot; requests
+that arrive after it queue beside its next children instead of behind all of them.
+"""
 
 from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Callable, Optional
 
 from tandem.core.request import Request
 from tandem.engine.detokenizer import IncrementalDetokenizer
 from tandem.outputs import CompletionOutput, RequestOutput
+from tandem.sampling_params import SamplingParams
 
 
 @dataclass
@@ -16,17 +22,33 @@ class RequestGroup:
     request_id: str
     prompt: Optional[str]
     prompt_token_ids: list[int]
-    children: list[Request]
+    params: SamplingParams
     final_only: bool  # build an output only when every child is done (the offline API)
+    window: int       # most children unfinished at once
+    children: list[Request] = field(default_factory=list)  # created so far, in index order
     detoks: dict[str, IncrementalDetokenizer] = field(default_factory=dict)
     num_finished: int = 0
+    error: Optional[str] = None  # set when the request failed inside the engine
+
+    @property
+    def n(self) -> int:
+        return self.params.n
 
     @property
     def finished(self) -> bool:
-        return self.num_finished == len(self.children)
+        return self.error is not None or self.num_finished == self.n
+
+    def spawn(self, make_child: Callable[[RequestGroup, int], Request]) -> list[Request]:
+        """Create the children the window has room for (the first call creates the first ones)."""
+        room = self.window - (len(self.children) - self.num_finished)
+        new = [make_child(self, i) for i in
+               range(len(self.children), min(self.n, len(self.children) + max(0, room)))]
+        self.children.extend(new)
+        return new
 
     def make_output(self) -> RequestOutput:
-        """A snapshot: every list and stats object is a copy the engine will not touch again."""
+        """A snapshot: every list and stats object is a copy the engine will not touch again.
+        Children not created yet are left out until the final output."""
         completions = []
         for c in self.children:
             detok = self.detoks[c.request_id]
@@ -38,9 +60,11 @@ class RequestGroup:
                 logprobs=list(c.logprobs) if want_lp else None,
                 finish_reason=c.finish_reason, stop_reason=c.stop_reason,
                 spec_decode_stats=copy.deepcopy(c.spec_stats)))
-        first = self.children[0]
-        plp = list(first.prompt_logprobs) if first.params.prompt_logprobs is not None else None
+        first = self.children[0] if self.children else None
+        want_plp = first is not None and first.params.prompt_logprobs is not None
         return RequestOutput(request_id=self.request_id, prompt=self.prompt,
-                             prompt_token_ids=self.prompt_token_ids, prompt_logprobs=plp,
+                             prompt_token_ids=self.prompt_token_ids,
+                             prompt_logprobs=list(first.prompt_logprobs) if want_plp else None,
                              outputs=completions, finished=self.finished,
-                             num_cached_tokens=first.num_cached_tokens)
+                             num_cached_tokens=first.num_cached_tokens if first else 0,
+                             error=self.error)

@@ -7,11 +7,43 @@ maps to its own surface (a 400 on the server).
 from __future__ import annotations
 
 import os
-from typing import Any, Iterable, Mapping, Optional
+import sys
+import time
+from typing import Any, Callable, Iterable, Mapping, Optional, TypeVar
+
+T = TypeVar("T")
 
 
 class ChatTemplateError(ValueError):
     """The tokenizer has no chat template and none was supplied."""
+
+
+class TemplateTimeoutError(ValueError):
+    """A chat template ran past its time limit."""
+
+
+def run_with_time_limit(fn: Callable[[], T], seconds: Optional[float]) -> T:
+    """Run `fn` in this thread, raising TemplateTimeoutError once `seconds` have passed. Jinja
+    compiles templates to Python, so a line tracer can interrupt any loop a template runs
+    (transformers renders them in Jinja's sandbox, which keeps them from reaching Python's
+    internals but not from looping for hours). Tracing costs time, so only templates a request
+    supplied get it."""
+    if seconds is None:
+        return fn()
+    deadline = time.monotonic() + seconds
+
+    def tracer(frame: Any, event: str, arg: Any) -> Any:
+        if time.monotonic() > deadline:
+            raise TemplateTimeoutError(f"the chat template ran for more than {seconds:g} s and "
+                                       "was stopped")
+        return tracer
+
+    previous = sys.gettrace()
+    sys.settrace(tracer)
+    try:
+        return fn()
+    finally:
+        sys.settrace(previous)
 
 
 NO_TEMPLATE_MESSAGE = (
@@ -87,7 +119,7 @@ def apply_chat_template(tokenizer: Any, messages: Iterable[Mapping[str, Any]],
             conversation, chat_template=template, tokenize=False,
             add_generation_prompt=add_generation_prompt,
             continue_final_message=continue_final_message, **template_kwargs)
-    except ChatTemplateError:
+    except (ChatTemplateError, TemplateTimeoutError):
         raise
     except Exception as e:  # jinja errors (raise_exception, undefined names) are the user's
         raise ValueError(f"chat template failed: {e}") from e

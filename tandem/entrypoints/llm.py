@@ -96,6 +96,10 @@ class LLM:
                     elapsed = bar.format_dict["elapsed"] or 1e-9
                     bar.set_postfix_str(f"output: {generated / elapsed:.2f} toks/s")
         bar.close()
+        failed = [done[i] for i in ids if done[i].error]
+        if failed:  # the engine finished the rest; an internal failure is not a result
+            raise RuntimeError(f"{len(failed)} of {len(ids)} request(s) failed inside the engine "
+                               f"(the others completed); first: {failed[0].error}")
         return [done[i] for i in ids]
 
 

@@ -1,22 +1,54 @@
-"""Token embedding and LM head (tied or separate)."""
+"""Token embedding and LM head (tied or separate), both split over the vocabulary across
+tensor-parallel ranks: rank r holds rows r * per_rank ... (r + 1) * per_rank - 1 (the last shard
+padded with zero rows when the vocabulary does not divide evenly)."""
 
 from __future__ import annotations
+
+from typing import Optional, Union
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tandem.distributed.parallel_state import current_group
 from tandem.layers.linear import linear
+
+
+def vocab_shard(vocab_size: int, hidden: int) -> nn.Parameter:
+    """This rank's [per_rank, hidden] rows of a vocabulary-sized matrix, with a loader that
+    copies them out of the full checkpoint tensor."""
+    group = current_group()
+    per_rank = -(-vocab_size // group.size)
+    start = group.rank * per_rank
+    param = nn.Parameter(torch.empty(per_rank, hidden), requires_grad=False)
+
+    def load(p: nn.Parameter, loaded: torch.Tensor,
+             shard_id: Optional[Union[int, str]] = None) -> None:
+        rows = loaded[start:start + per_rank]
+        p.data[:rows.shape[0]].copy_(rows)
+        p.data[rows.shape[0]:].zero_()
+
+    param.weight_loader = load
+    return param
 
 
 class Embedding(nn.Module):
     def __init__(self, vocab_size: int, hidden: int, scale: float = 1.0) -> None:
         super().__init__()
-        self.weight = nn.Parameter(torch.empty(vocab_size, hidden), requires_grad=False)
+        self.group = current_group()
+        self.per_rank = -(-vocab_size // self.group.size)
+        self.start = self.group.rank * self.per_rank
+        self.weight = vocab_shard(vocab_size, hidden)
         self.scale = scale  # Gemma multiplies embeddings by sqrt(hidden)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:  # [T] -> [T, hidden]
-        x = F.embedding(ids, self.weight)
+        if self.group.size == 1:
+            x = F.embedding(ids, self.weight)
+        else:
+            local = ids - self.start
+            inside = (local >= 0) & (local < self.per_rank)               # [T]
+            x = F.embedding(local.clamp(0, self.per_rank - 1), self.weight)
+            x = self.group.all_reduce(x * inside.unsqueeze(1).to(x.dtype))  # one rank has each
         if self.scale != 1.0:
             # Gemma rounds the scale to the model dtype before multiplying.
             x = x * torch.tensor(self.scale, dtype=x.dtype)
@@ -26,10 +58,17 @@ class Embedding(nn.Module):
 class LMHead(nn.Module):
     def __init__(self, vocab_size: int, hidden: int, tied_to: Embedding | None = None) -> None:
         super().__init__()
+        self.group = current_group()
+        self.vocab_size = vocab_size
         self.tied_to = tied_to
         if tied_to is None:
-            self.weight = nn.Parameter(torch.empty(vocab_size, hidden), requires_grad=False)
+            self.weight = vocab_shard(vocab_size, hidden)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:  # [N, hidden] -> [N, vocab]
         w = self.tied_to.weight if self.tied_to is not None else self.weight
-        return linear(hidden, w)
+        logits = linear(hidden, w)                           # [N, vocab / tp]
+        if self.group.size == 1:
+            return logits
+        if logits.shape[0] == 0:  # every rank runs the same batch, so all skip the gather
+            return logits.new_zeros(0, self.vocab_size)
+        return self.group.all_gather(logits, dim=-1)[:, :self.vocab_size]

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tandem.distributed.parallel_state import all_reduce, tp_rank, tp_size
+from tandem.distributed.parallel_state import current_group
 
 
 def _has_onednn_linear() -> bool:
@@ -43,7 +43,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor,
 class ColumnParallelLinear(nn.Module):
     def __init__(self, in_features: int, out_features: int, bias: bool = False) -> None:
         super().__init__()
-        self.tp = tp_size()
+        self.group = current_group()
+        self.tp = self.group.size
         assert out_features % self.tp == 0, f"{out_features} not divisible by tp={self.tp}"
         self.out_per_rank = out_features // self.tp
         self.weight = nn.Parameter(torch.empty(self.out_per_rank, in_features), requires_grad=False)
@@ -56,7 +57,7 @@ class ColumnParallelLinear(nn.Module):
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor,
                       shard_id: Optional[Union[int, str]] = None) -> None:
         size = param.shape[0]
-        param.data.copy_(loaded.narrow(0, tp_rank() * size, size))
+        param.data.copy_(loaded.narrow(0, self.group.rank * size, size))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return linear(x, self.weight, self.bias)
@@ -74,7 +75,7 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
         assert isinstance(shard_id, int)
         size = self.output_sizes[shard_id] // self.tp
         offset = sum(self.output_sizes[:shard_id]) // self.tp
-        param.data.narrow(0, offset, size).copy_(loaded.narrow(0, tp_rank() * size, size))
+        param.data.narrow(0, offset, size).copy_(loaded.narrow(0, self.group.rank * size, size))
 
 
 class QKVParallelLinear(ColumnParallelLinear):
@@ -82,7 +83,7 @@ class QKVParallelLinear(ColumnParallelLinear):
 
     def __init__(self, hidden: int, head_dim: int, num_heads: int, num_kv_heads: int,
                  bias: bool = False) -> None:
-        tp = tp_size()
+        tp = current_group().size
         self.head_dim = head_dim
         self.num_heads = num_heads // tp
         self.num_kv_heads = max(1, num_kv_heads // tp)  # replicate kv heads when tp > num_kv_heads
@@ -93,14 +94,17 @@ class QKVParallelLinear(ColumnParallelLinear):
         q, kv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         offset, size = {"q": (0, q), "k": (q, kv), "v": (q + kv, kv)}[shard_id]
         # With more ranks than kv heads, neighbouring ranks share (replicate) a kv head.
-        rank = tp_rank() if shard_id == "q" else tp_rank() * (loaded.shape[0] // size) // self.tp
+        rank = self.group.rank
+        if shard_id != "q":
+            rank = rank * (loaded.shape[0] // size) // self.tp
         param.data.narrow(0, offset, size).copy_(loaded.narrow(0, rank * size, size))
 
 
 class RowParallelLinear(nn.Module):
     def __init__(self, in_features: int, out_features: int, bias: bool = False) -> None:
         super().__init__()
-        self.tp = tp_size()
+        self.group = current_group()
+        self.tp = self.group.size
         assert in_features % self.tp == 0, f"{in_features} not divisible by tp={self.tp}"
         self.weight = nn.Parameter(torch.empty(out_features, in_features // self.tp),
                                    requires_grad=False)
@@ -113,9 +117,9 @@ class RowParallelLinear(nn.Module):
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor,
                       shard_id: Optional[Union[int, str]] = None) -> None:
         size = param.shape[1]
-        param.data.copy_(loaded.narrow(1, tp_rank() * size, size))
+        param.data.copy_(loaded.narrow(1, self.group.rank * size, size))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # Bias is added once, after the reduction.
-        y = all_reduce(linear(x, self.weight))
+        y = self.group.all_reduce(linear(x, self.weight))
         return y if self.bias is None else y + self.bias

@@ -1,18 +1,25 @@
-"""SamplingMetadata: the per-row sampling options of one batch, as tensors, plus per-row RNGs.
+"""SamplingMetadata: the per-row sampling options of one batch, as tensors, plus per-row randomness.
 
-One row per request (or, after `expand`, one row per verified position). Every random draw for row i
-uses `generators[i]` only, so a request's output never depends on what else is in the batch.
+One row per request (or, after `expand`, one row per verified position). Row i's random numbers come
+from `rngs[i]` keyed by the output position `positions[i]` it decides (see random.py), so a
+request's output never depends on what else is in the batch, nor on how its steps were scheduled.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 
+from tandem.sample.random import Purpose, SeededRandom
+
 if TYPE_CHECKING:
     from tandem.sampling_params import SamplingParams
+
+
+_TOP_K_CAP = 2**31  # larger than any vocabulary
 
 
 @dataclass
@@ -24,7 +31,8 @@ class SamplingMetadata:
     presence_penalty: torch.Tensor    # [B] float32, 0.0 = off
     frequency_penalty: torch.Tensor   # [B] float32, 0.0 = off
     repetition_penalty: torch.Tensor  # [B] float32, 1.0 = off
-    generators: list[torch.Generator]  # [B], one per row; copies made by `expand` share the object
+    rngs: list[SeededRandom]           # [B], one per row; copies made by `expand` share the object
+    positions: list[int]               # [B] output position (index of the token) each row decides
     output_token_ids: list[list[int]]  # [B] tokens generated so far (frequency/presence/repetition)
     prompt_token_ids: list[list[int]]  # [B] prompt tokens (repetition penalty only, as vLLM)
     all_greedy: bool
@@ -34,18 +42,29 @@ class SamplingMetadata:
 
     @property
     def num_rows(self) -> int:
-        return len(self.generators)
+        return len(self.rngs)
+
+    def uniforms(self, purpose: Purpose, offsets: list[int] | None = None) -> torch.Tensor:
+        """[B] float64: row i's uniform for `purpose` at position positions[i] + offsets[i]."""
+        offsets = offsets or [0] * self.num_rows
+        return torch.tensor([r.uniform(p + o, purpose) for r, p, o in
+                             zip(self.rngs, self.positions, offsets)], dtype=torch.float64,
+                            device=self.temperature.device)
 
     @classmethod
     def from_params(cls, params: list[SamplingParams], output_token_ids: list[list[int]],
-                    prompt_token_ids: list[list[int]], generators: list[torch.Generator],
-                    device: torch.device) -> SamplingMetadata:
+                    prompt_token_ids: list[list[int]], rngs: list[SeededRandom],
+                    device: torch.device, positions: list[int] | None = None
+                    ) -> SamplingMetadata:
+        """`positions` defaults to len(output_token_ids[i]): the next token's index."""
         n = len(params)
-        if not (len(output_token_ids) == len(prompt_token_ids) == len(generators) == n):
+        if not (len(output_token_ids) == len(prompt_token_ids) == len(rngs) == n):
             raise ValueError(
                 f"SamplingMetadata needs one entry per request: {n} params, "
                 f"{len(output_token_ids)} output_token_ids, {len(prompt_token_ids)} "
-                f"prompt_token_ids, {len(generators)} generators.")
+                f"prompt_token_ids, {len(rngs)} rngs.")
+        if positions is None:
+            positions = [len(t) for t in output_token_ids]
 
         def f32(values: list[float]) -> torch.Tensor:
             return torch.tensor(values, dtype=torch.float32, device=device)
@@ -55,14 +74,15 @@ class SamplingMetadata:
         return cls(
             temperature=f32([p.temperature for p in params]),
             top_p=f32([p.top_p for p in params]),
-            # SamplingParams maps -1 to 0 already; clamp defensively so "off" is always 0.
-            top_k=torch.tensor([max(p.top_k, 0) for p in params], dtype=torch.int64,
-                               device=device),
+            # SamplingParams maps -1 to 0 already; clamp so "off" is 0 and any k fits in int64
+            # (a k past the vocabulary keeps every token, as "off" does).
+            top_k=torch.tensor([min(max(p.top_k, 0), _TOP_K_CAP) for p in params],
+                               dtype=torch.int64, device=device),
             min_p=f32([p.min_p for p in params]),
             presence_penalty=f32([p.presence_penalty for p in params]),
             frequency_penalty=f32([p.frequency_penalty for p in params]),
             repetition_penalty=f32([p.repetition_penalty for p in params]),
-            generators=list(generators),
+            rngs=list(rngs), positions=list(positions),
             output_token_ids=[list(t) for t in output_token_ids],
             prompt_token_ids=[list(t) for t in prompt_token_ids],
             all_greedy=all(greedy),
@@ -90,11 +110,13 @@ class SamplingMetadata:
         def rep(t: torch.Tensor) -> torch.Tensor:  # [B] -> [sum(counts)]
             return torch.repeat_interleave(t, repeats, output_size=sum(counts))
 
-        generators: list[torch.Generator] = []
+        rngs: list[SeededRandom] = []
+        positions: list[int] = []
         outputs: list[list[int]] = []
         prompts: list[list[int]] = []
         for i, c in enumerate(counts):
-            generators += [self.generators[i]] * c
+            rngs += [self.rngs[i]] * c
+            positions += [self.positions[i] + j for j in range(c)]
             prompts += [self.prompt_token_ids[i]] * c  # shared, never mutated
             outputs += [self.output_token_ids[i] + list(e) for e in extra_output_ids[i]]
         return SamplingMetadata(
@@ -102,13 +124,17 @@ class SamplingMetadata:
             min_p=rep(self.min_p), presence_penalty=rep(self.presence_penalty),
             frequency_penalty=rep(self.frequency_penalty),
             repetition_penalty=rep(self.repetition_penalty),
-            generators=generators, output_token_ids=outputs, prompt_token_ids=prompts,
+            rngs=rngs, positions=positions, output_token_ids=outputs, prompt_token_ids=prompts,
             all_greedy=self.all_greedy, all_random=self.all_random,
             no_penalties=self.no_penalties, no_filters=self.no_filters,
         )
 
+    def shifted(self, offset: int) -> SamplingMetadata:
+        """The same rows deciding the positions `offset` tokens later (the draft's later steps)."""
+        return dataclasses.replace(self, positions=[p + offset for p in self.positions])
+
     def select(self, rows: list[int]) -> SamplingMetadata:
-        """The sub-batch of the given rows, in that order (generators are shared, not copied)."""
+        """The sub-batch of the given rows, in that order (rngs are shared, not copied)."""
         if rows == list(range(self.num_rows)):
             return self
         index = torch.tensor(rows, dtype=torch.int64, device=self.temperature.device)  # [R]
@@ -118,7 +144,7 @@ class SamplingMetadata:
             min_p=self.min_p[index], presence_penalty=self.presence_penalty[index],
             frequency_penalty=self.frequency_penalty[index],
             repetition_penalty=self.repetition_penalty[index],
-            generators=[self.generators[i] for i in rows],
+            rngs=[self.rngs[i] for i in rows], positions=[self.positions[i] for i in rows],
             output_token_ids=[self.output_token_ids[i] for i in rows],
             prompt_token_ids=[self.prompt_token_ids[i] for i in rows],
             all_greedy=all(greedy), all_random=not any(greedy),

@@ -5,8 +5,10 @@ Per request with drafts x_0..x_{k-1} and target rows p_0..p_k (row j conditioned
   random: accept x_j with probability min(1, p_j(x_j) / q_j(x_j)); the first rejection emits a
           sample of normalize(max(p_j - q_j, 0)) and stops. q is one-hot on x_j for greedy drafting.
   all k accepted: a bonus token from p_k.
-Each random request draws exactly k uniforms (float64) and then one Exp(1) vector of size V from its
-own generator, whatever the outcome and whatever else is in the batch; greedy requests draw nothing.
+Randomness is keyed (sample/random.py): the draft at output position t is tested with the
+request's ACCEPT uniform at t, and the token emitted at t (recovered or bonus) uses its SAMPLE
+uniform at t, whatever else is in the batch and however the steps were scheduled; greedy requests
+use none.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ import torch
 
 from tandem.sample.logits_processing import apply_penalties, compute_probs
 from tandem.sample.metadata import SamplingMetadata
-from tandem.sample.sampler import draw_uniform, inverse_cdf
+from tandem.sample.random import Purpose
+from tandem.sample.sampler import inverse_cdf
 
 
 @dataclass
@@ -83,8 +86,7 @@ class RejectionSampler:
         target_argmax = logits.argmax(dim=-1)                           # [R]
         probs = None if md.all_greedy else compute_probs(logits, md_rows, apply_penalty=False)
 
-        uniforms, final_u = _draw(md, num_draft_tokens, random_reqs, layout, logits.shape[-1],
-                                logits.device)
+        uniforms = _accept_uniforms(md, num_draft_tokens, random_reqs, layout, logits.device)
         accepted = self._accepted(target_argmax, probs, draft_token_ids, draft_probs, is_greedy,
                                   layout, uniforms)
         num_accepted = []
@@ -97,6 +99,8 @@ class RejectionSampler:
         final_rows = [layout.row_start[i] + a for i, a in enumerate(num_accepted)]
         final = target_argmax[torch.tensor(final_rows, device=logits.device)].tolist()  # greedy
         if random_reqs:
+            final_u = md.select(random_reqs).uniforms(
+                Purpose.SAMPLE, [num_accepted[i] for i in random_reqs])      # [Rr]
             sampled = self._sample_final(probs, final_rows, num_accepted, num_draft_tokens,
                                          draft_token_ids, draft_probs, random_reqs, layout, final_u)
             for i, token in zip(random_reqs, sampled):
@@ -155,25 +159,16 @@ class RejectionSampler:
         return inverse_cdf(weights, final_u).tolist()
 
 
-def _draw(md: SamplingMetadata, num_draft_tokens: list[int], random_reqs: list[int],
-          layout: _Layout, vocab_size: int,
-          device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per random request, from its own generator: k_i float64 uniforms for the accept tests,
-    then one for the final (recovered or bonus) token. Returns uniforms [D] (greedy slots hold 0,
-    never read) and final_u [Rr]."""
-    final_u = torch.empty(len(random_reqs), dtype=torch.float64, device=device)
-    parts: list[torch.Tensor] = []
-    slots: list[int] = []
-    for r, i in enumerate(random_reqs):
-        g, k, s = md.generators[i], num_draft_tokens[i], layout.draft_start[i]
-        if k:
-            parts.append(torch.rand(k, generator=g, dtype=torch.float64, device=device))
-            slots.extend(range(s, s + k))
-        final_u[r] = draw_uniform(g, device)[0]
-    uniforms = torch.zeros(layout.num_drafts, dtype=torch.float64, device=device)
-    if slots:
-        uniforms[torch.tensor(slots, device=device)] = torch.cat(parts)
-    return uniforms, final_u
+def _accept_uniforms(md: SamplingMetadata, num_draft_tokens: list[int], random_reqs: list[int],
+                     layout: _Layout, device: torch.device) -> torch.Tensor:
+    """[D] float64: the ACCEPT uniform of every draft of a random request at its output position
+    (greedy requests' slots hold 0 and are never read)."""
+    values = [0.0] * layout.num_drafts
+    for i in random_reqs:
+        rng, pos, s = md.rngs[i], md.positions[i], layout.draft_start[i]
+        for j in range(num_draft_tokens[i]):
+            values[s + j] = rng.uniform(pos + j, Purpose.ACCEPT)
+    return torch.tensor(values, dtype=torch.float64, device=device)
 
 
 def _check_inputs(target_logits: torch.Tensor, num_draft_tokens: list[int],

@@ -10,17 +10,13 @@ import torch
 from tandem.sample.logits_processing import apply_penalties, compute_probs
 from tandem.sample.logprobs import LogprobsTensors, compute_logprobs
 from tandem.sample.metadata import SamplingMetadata
+from tandem.sample.random import Purpose
 
 
 @dataclass
 class SamplerOutput:
     sampled_token_ids: torch.Tensor  # [B] int64
     logprobs: LogprobsTensors | None
-
-
-def draw_uniform(generator: torch.Generator, device: torch.device) -> torch.Tensor:
-    """One float64 U[0, 1) from `generator` ([1]); the single draw a sampled token costs."""
-    return torch.rand(1, generator=generator, dtype=torch.float64, device=device)
 
 
 def inverse_cdf(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
@@ -33,21 +29,21 @@ def inverse_cdf(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     return index.clamp_max_(weights.shape[-1] - 1)
 
 
-def sample_from_probs(probs: torch.Tensor, generators: list[torch.Generator]) -> torch.Tensor:
-    """[B, V] probabilities -> [B] int64 samples, row i drawn with generators[i] (one uniform
-    per row, cheaper than an exponential race that draws V numbers per row)."""
-    if probs.shape[0] != len(generators):
-        raise ValueError(f"need one generator per row: {probs.shape[0]} rows, "
-                         f"{len(generators)} generators.")
+def sample_from_probs(probs: torch.Tensor, md: SamplingMetadata,
+                      purpose: Purpose = Purpose.SAMPLE) -> torch.Tensor:
+    """[B, V] probabilities -> [B] int64 samples, row i drawn with md's uniform for `purpose` at
+    its position (one uniform per row, cheaper than an exponential race over V numbers)."""
+    if probs.shape[0] != md.num_rows:
+        raise ValueError(f"need one metadata row per probability row: {probs.shape[0]} rows, "
+                         f"{md.num_rows} in the metadata.")
     if probs.shape[0] == 0:
         return torch.empty(0, dtype=torch.int64, device=probs.device)
-    u = torch.cat([draw_uniform(g, probs.device) for g in generators])        # [B]
-    return inverse_cdf(probs, u)
+    return inverse_cdf(probs, md.uniforms(purpose))
 
 
 class Sampler:
     """Greedy rows take the argmax of the penalised logits; random rows draw from
-    compute_probs with their own generator (greedy rows consume no randomness)."""
+    compute_probs with their own keyed uniform (greedy rows use no randomness)."""
 
     def __call__(self, logits: torch.Tensor, md: SamplingMetadata,
                  num_logprobs: int | None = None) -> SamplerOutput:
@@ -61,7 +57,7 @@ class Sampler:
             sub_md = md.select(random_rows.tolist())
             probs = compute_probs(logits[random_rows.to(logits.device)], sub_md,
                                   apply_penalty=False)                   # [R, V]
-            drawn = sample_from_probs(probs, sub_md.generators)          # [R]
+            drawn = sample_from_probs(probs, sub_md)                     # [R]
             sampled[random_rows.to(sampled.device)] = drawn
         out_logprobs = None
         if num_logprobs is not None:

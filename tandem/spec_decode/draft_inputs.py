@@ -20,6 +20,7 @@ from tandem.core.kv_cache_manager import KVCacheManager
 from tandem.core.request import Request
 from tandem.sample.logits_processing import compute_probs
 from tandem.sample.metadata import SamplingMetadata
+from tandem.sample.random import Purpose
 from tandem.sample.sampler import sample_from_probs
 from tandem.spec_decode.draft_feedback import TargetToDraft
 from tandem.spec_decode.vocab_mapping import VocabMapping
@@ -50,13 +51,13 @@ class SharedVocabDraft:
 
     def propose(self, logits: torch.Tensor, md: SamplingMetadata) -> Proposal:
         logits = _fit_vocab(logits, self.vocab_size)  # [B, V_target]
-        if not self.probabilistic:
+        if not self.probabilistic or md.all_greedy:  # q would be one-hot at the argmax
             ids = logits.argmax(dim=-1)
             return ids, ids, None
         # q is exactly the distribution the draft token is drawn from; penalties are skipped
         # (any q keeps the output exact, the rejection sampler corrects for it).
         q = compute_probs(logits, md, apply_penalty=False)  # [B, V]
-        ids = sample_from_probs(q, md.generators)
+        ids = sample_from_probs(q, md, Purpose.DRAFT)
         return ids, ids, q
 
 
@@ -96,11 +97,11 @@ class TLIDraft:
         that exact distribution, placed in target ids (zero elsewhere), is q."""
         m = self.mapping
         logits = logits[:, :m.draft_vocab_size].masked_fill(self.outside, float("-inf"))
-        if not self.probabilistic:
+        if not self.probabilistic or md.all_greedy:  # q would be one-hot at the argmax
             draft_ids = logits.argmax(dim=-1)                         # [B]
             return draft_ids, m.draft_to_target[draft_ids], None
         q_draft = compute_probs(logits, md, apply_penalty=False)      # [B, V_draft], 0 outside I
-        draft_ids = sample_from_probs(q_draft, md.generators)         # [B]
+        draft_ids = sample_from_probs(q_draft, md, Purpose.DRAFT)     # [B]
         q = q_draft.new_zeros(q_draft.shape[0], m.target_vocab_size)  # [B, V_target]
         q.index_copy_(1, m.target_ids, q_draft.index_select(1, m.draft_ids))
         return draft_ids, m.draft_to_target[draft_ids], q

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
-from torch import nn
 
 from tandem.config import EngineConfig
 from tandem.core.kv_cache_manager import KVCacheManager
@@ -12,9 +13,12 @@ from tandem.spec_decode.draft_feedback import TargetToDraft
 from tandem.spec_decode.draft_inputs import SharedVocabDraft, TLIDraft
 from tandem.spec_decode.proposer import DraftProposer
 from tandem.spec_decode.vocab_mapping import get_vocab_mapping
+from tandem.worker.model_runner import ForwardBatch
+
+ModelForward = Callable[[ForwardBatch, torch.Tensor], torch.Tensor]
 
 
-def build_proposer(config: EngineConfig, draft_model: nn.Module, kv: KVCacheManager,
+def build_proposer(config: EngineConfig, forward: ModelForward, kv: KVCacheManager,
                    device: torch.device) -> DraftProposer:
     spec = config.speculative_config
     target, draft = config.model_config, spec.draft_model_config
@@ -30,6 +34,5 @@ def build_proposer(config: EngineConfig, draft_model: nn.Module, kv: KVCacheMana
     else:
         inputs = SharedVocabDraft(kv, target.vocab_size, probabilistic)
         draft_len = min(spec.draft_max_model_len, target.max_model_len)
-    return DraftProposer(draft_model, inputs, spec.num_speculative_tokens,
-                         config.cache_config.block_size, target.max_model_len, draft_len,
-                         config.scheduler_config.max_num_batched_tokens, device)
+    return DraftProposer(forward, inputs, spec.num_speculative_tokens, target.max_model_len,
+                         draft_len, config.scheduler_config.max_num_batched_tokens, device)

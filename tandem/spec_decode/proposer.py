@@ -9,25 +9,24 @@ reads (the target's tokens and blocks, or its own for a TLI draft) is the job of
 
 from __future__ import annotations
 
-from typing import Union
+from typing import Callable, Union
 
 import torch
-from torch import nn
 
 from tandem.core.request import Request
 from tandem.sample.metadata import SamplingMetadata
 from tandem.spec_decode.draft_inputs import SharedVocabDraft, TLIDraft
-from tandem.worker.model_runner import make_batch, run_model
+from tandem.worker.model_runner import ForwardBatch, make_batch
 
 
 class DraftProposer:
-    def __init__(self, model: nn.Module, inputs: Union[SharedVocabDraft, TLIDraft],
-                 num_speculative_tokens: int, block_size: int, max_model_len: int,
-                 draft_max_model_len: int, max_catch_up: int, device: torch.device) -> None:
-        self.model = model
+    def __init__(self, forward: Callable[[ForwardBatch, torch.Tensor], torch.Tensor],
+                 inputs: Union[SharedVocabDraft, TLIDraft], num_speculative_tokens: int,
+                 max_model_len: int, draft_max_model_len: int, max_catch_up: int,
+                 device: torch.device) -> None:
+        self.forward = forward  # the executor's draft forward
         self.inputs = inputs
         self.k = num_speculative_tokens
-        self.block_size = block_size
         self.max_model_len = max_model_len          # the target's (drafts are target tokens)
         self.draft_max_model_len = draft_max_model_len  # in the draft's own positions
         self.max_catch_up = max_catch_up            # tokens one catch-up pass may compute
@@ -45,25 +44,35 @@ class DraftProposer:
 
     def _plan(self, req: Request, spare: int) -> tuple[int, int]:
         """(end of this catch-up pass, number of drafts) for one request."""
-        k = self.num_drafts(req)
+        # Drafts still to verify (the step skipped it, or a preemption kept them): only catch up.
+        pending = bool(req.spec_token_ids)
+        k = 0 if pending else self.num_drafts(req)
         full = self.inputs.context_end(req, drafting=k > 0)
-        req.draft.keep_accepted(self.inputs.token_ids(req))
+        if not pending:
+            req.draft.keep_accepted(self.inputs.token_ids(req))
         k = max(0, min(k, self.draft_max_model_len - full))
+        # A long context catches up over several steps before drafting; a draft without blocks
+        # to spare (TLI) waits. Either way the request waits for its drafts (awaiting_drafts):
+        # verifying its next position without them would change how a seeded request samples.
         end = min(full, req.draft.num_computed_tokens + self.max_catch_up)
-        if end < full:
-            k = 0  # a long context catches up over several steps before drafting
-        if k and self.inputs.reserve(req, end + k - 1, spare):
+        delivered = k > 0 and end == full and self.inputs.reserve(req, end + k - 1, spare)
+        if not pending:
+            req.awaiting_drafts = k > 0 and not delivered
+            if not req.awaiting_drafts:
+                req.steps_awaiting = 0
+        if delivered:
             return end, k
         return (end, 0) if self.inputs.reserve(req, end, spare) else (req.draft.num_computed_tokens, 0)
 
-    def propose(self, reqs: list[Request]) -> None:
+    def propose(self, reqs: list[Request]) -> int:
         """Set `spec_token_ids` (and `draft_probs`) on each request that should speculate; also
-        advance the draft's KV over prompt chunks the target has computed."""
+        advance the draft's KV over prompt chunks the target has computed. Returns the number of
+        draft positions computed (0: no progress was possible)."""
         plans = [self._plan(r, spare=len(reqs)) for r in reqs]
         todo = [(r, self.inputs.block_table(r), end, k) for r, (end, k) in zip(reqs, plans)
                 if end > r.draft.num_computed_tokens]
         if not todo:
-            return
+            return 0
         batch = make_batch([self.inputs.token_ids(r)[r.draft.num_computed_tokens:e]
                             for r, _, e, _ in todo],
                            [r.draft.num_computed_tokens for r, _, _, _ in todo],
@@ -73,16 +82,17 @@ class DraftProposer:
             offset += q
             last_rows.append(offset - 1)
         drafting = [i for i, (_, _, _, k) in enumerate(todo) if k > 0]
-        logits = run_model(self.model, batch, self.block_size,
-                           torch.tensor([last_rows[i] for i in drafting], dtype=torch.long))
+        logits = self.forward(batch, torch.tensor([last_rows[i] for i in drafting],
+                                                  dtype=torch.long))
+        computed = sum(batch.query_lens)
         for r, _, e, _ in todo:
             r.draft.num_computed_tokens = e
         if not drafting:
-            return
+            return computed
         active = [todo[i] for i in drafting]
         md = SamplingMetadata.from_params(
             [r.params for r, *_ in active], [r.output_token_ids for r, *_ in active],
-            [r.prompt_token_ids for r, *_ in active], [r.generator for r, *_ in active],
+            [r.prompt_token_ids for r, *_ in active], [r.rng for r, *_ in active],
             self.device)
         drafts: list[list[int]] = [[] for _ in active]  # target ids
         probs: list[list[torch.Tensor]] = [[] for _ in active]
@@ -96,9 +106,8 @@ class DraftProposer:
                 batch = make_batch([[fed[i]] for i in live],
                                    [active[i][2] + step - 1 for i in live],
                                    [active[i][1] for i in live], self.device)
-                logits = run_model(self.model, batch, self.block_size,
-                                   torch.arange(len(live), dtype=torch.long))
-                sub = md.select(live)
+                logits = self.forward(batch, torch.arange(len(live), dtype=torch.long))
+                sub = md.select(live).shifted(step)  # drafting the token `step` places on
             else:
                 live, sub = list(range(len(active))), md
             draft_ids, target_ids, q = self.inputs.propose(logits, sub)
@@ -111,3 +120,4 @@ class DraftProposer:
             r.draft.written_at, r.draft.written_ids = end, feeds[i]
             r.spec_token_ids = drafts[i]
             r.draft_probs = torch.stack(probs[i]) if probs[i] else None
+        return computed + sum(len(f) for f in feeds)

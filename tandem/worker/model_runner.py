@@ -8,7 +8,7 @@ that need them. Requests with drafts go through the rejection sampler, the rest 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 from torch import nn
@@ -65,10 +65,9 @@ def make_batch(token_ids: list[list[int]], starts: list[int], block_tables: list
 
 
 class ModelRunner:
-    def __init__(self, model: nn.Module, block_size: int, device: torch.device,
-                 vocab_size: int, tokenizer) -> None:
-        self.model = model
-        self.block_size = block_size
+    def __init__(self, forward: Callable[[ForwardBatch, torch.Tensor], torch.Tensor],
+                 device: torch.device, vocab_size: int, tokenizer) -> None:
+        self.forward = forward  # the executor's target forward (every rank, in lockstep)
         self.device = device
         self.vocab_size = vocab_size
         self.tokenizer = tokenizer
@@ -99,10 +98,9 @@ class ModelRunner:
                 rows.extend(range(offset + n - k - 1, offset + n))
             offset += n
         if not rows:
-            run_model(self.model, batch, self.block_size, torch.zeros(0, dtype=torch.long))
+            self.forward(batch, torch.zeros(0, dtype=torch.long))
             return out
-        logits = run_model(self.model, batch, self.block_size,
-                           torch.tensor(rows, dtype=torch.long, device=self.device))
+        logits = self.forward(batch, torch.tensor(rows, dtype=torch.long, device=self.device))
         logits = logits[:, :self.vocab_size]
         for s, first in prompt_lp_items:
             out.prompt_logprobs[s.request.request_id] = self._prompt_logprobs(s, logits, first)
@@ -116,15 +114,13 @@ class ModelRunner:
         reqs = [s.request for s, _ in items]
         md = SamplingMetadata.from_params(
             [r.params for r in reqs], [r.output_token_ids for r in reqs],
-            [r.prompt_token_ids for r in reqs], [r.generator for r in reqs], self.device)
+            [r.prompt_token_ids for r in reqs], [r.rng for r in reqs], self.device)
         counts = [len(s.spec_token_ids) for s, _ in items]
         row_index = torch.tensor([first + j for (s, first), k in zip(items, counts)
                                   for j in range(k + 1)], dtype=torch.long, device=self.device)
         target = _mask_min_tokens(logits[row_index], reqs, counts)  # [sum(k + 1), V]
         if any(counts):
-            draft_probs = None
-            if any(r.draft_probs is not None for r in reqs):
-                draft_probs = torch.cat([r.draft_probs for r in reqs if r.draft_probs is not None])
+            draft_probs = _draft_probs(items, counts, target.shape[1], self.device)
             res = self.rejection_sampler(target, counts, [s.spec_token_ids for s, _ in items],
                                          draft_probs, md)
             tokens = res.token_ids
@@ -165,6 +161,25 @@ class ModelRunner:
 
     def _token_text(self, token_id: int) -> str:
         return self.tokenizer.decode([token_id])
+
+
+def _draft_probs(items: list[tuple[ScheduledRequest, int]], counts: list[int], vocab_size: int,
+                 device: torch.device) -> Optional[torch.Tensor]:
+    """[sum(k), V] q of every draft, or None when all were drafted greedily. A greedy draft's q is
+    one-hot at the draft (drafts of a batch may come from greedy and from sampling rows)."""
+    reqs = [s.request for s, _ in items]
+    if all(r.draft_probs is None for r, k in zip(reqs, counts) if k):
+        return None
+    parts = []
+    for (s, _), r, k in zip(items, reqs, counts):
+        if not k:
+            continue
+        if r.draft_probs is not None:
+            parts.append(r.draft_probs[:k])
+        else:
+            ids = torch.tensor(s.spec_token_ids, dtype=torch.int64, device=device)
+            parts.append(torch.nn.functional.one_hot(ids, vocab_size).float())
+    return torch.cat(parts)
 
 
 def _mask_min_tokens(logits: torch.Tensor, reqs: list[Request], counts: list[int]) -> torch.Tensor:

@@ -13,6 +13,7 @@ from typing import Any, Iterator
 
 import pytest
 
+from entrypoints.reliability_helpers import REL_BLOCKS, TINY_BLOCK_BYTES
 from entrypoints.server_helpers import (API_KEY, EOS_PROMPT, STARTUP_TIMES, ServerProcess,
                                         client_for, free_port, start_server, stop_server)
 from tiny_models import build_tiny_model, build_tli_draft
@@ -114,6 +115,22 @@ def spec_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
 
 
 @pytest.fixture(scope="session")
+def rel_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+               ) -> Iterator[ServerProcess]:
+    """A draft model, a KV cache that forces preemption under load, and 16 sequences at most."""
+    spec = json.dumps({"model": str(tiny_model_dir), "num_speculative_tokens": 3,
+                       "draft_sample_method": "probabilistic"})
+    srv = start_server(str(tiny_model_dir), ["--served-model-name", "tiny-rel",
+                                             "--speculative-config", spec,
+                                             "--kv-cache-memory-bytes",
+                                             str(REL_BLOCKS * TINY_BLOCK_BYTES),
+                                             "--max-num-seqs", "16"],
+                       tmp_path_factory.mktemp("logs") / "rel_server.log")
+    yield srv
+    stop_server(srv.proc)
+
+
+@pytest.fixture(scope="session")
 def tli_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
                ) -> Iterator[ServerProcess]:
     """A draft with another tokenizer (SentencePiece-style) through --speculative-config."""
@@ -130,8 +147,10 @@ def tli_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
 @pytest.fixture(scope="session")
 def secured_base_server(tiny_base_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
                         ) -> Iterator[ServerProcess]:
-    """No chat template, API key from the environment, underscore flag spellings."""
-    srv = start_server(str(tiny_base_model_dir), ["--served_model_name", "base"],
+    """No chat template, API key from the environment, underscore flag spellings; trusts
+    templates sent with requests."""
+    srv = start_server(str(tiny_base_model_dir), ["--served_model_name", "base",
+                                                  "--trust_request_chat_template"],
                        tmp_path_factory.mktemp("logs") / "secured_server.log",
                        env={"TANDEM_API_KEY": API_KEY})
     yield srv
@@ -164,3 +183,8 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
     for flags, seconds in STARTUP_TIMES.items():
         terminalreporter.write_line(f"tandem serve start-up (launch to healthy /health): "
                                     f"{seconds:.1f} s  [{flags}]")
+    from entrypoints.reliability_helpers import RELIABILITY
+    if RELIABILITY:
+        terminalreporter.section("reliability")
+        for what, value in RELIABILITY.items():
+            terminalreporter.write_line(f"{what}: {value}")

@@ -94,7 +94,8 @@ class FakeEngine:
 
     def get_metrics(self) -> list[Metric]:
         return [Metric("tandem:spec_decode_num_accepted_tokens", self.accepted),
-                Metric("tandem:spec_decode_num_draft_tokens", self.drafted)]
+                Metric("tandem:spec_decode_num_draft_tokens", self.drafted),
+                Metric("tandem:kv_cache_free_blocks", self.free_blocks, kind="gauge")]
 
     def _next(self, req: _Req, c: _Choice) -> None:
         context = req.ids + c.token_ids

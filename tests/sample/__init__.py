@@ -8,6 +8,7 @@ import torch
 from scipy import stats
 
 from tandem.sample import SamplingMetadata
+from tandem.sample.random import SeededRandom
 from tandem.sampling_params import SamplingParams
 
 ALPHA = 1e-3
@@ -37,14 +38,28 @@ def chi2_pvalue(counts: np.ndarray, probs: np.ndarray) -> float:
 
 def make_md(params: list[SamplingParams], seeds: list[int],
             output_token_ids: list[list[int]] | None = None,
-            prompt_token_ids: list[list[int]] | None = None) -> SamplingMetadata:
+            prompt_token_ids: list[list[int]] | None = None,
+            positions: list[int] | None = None) -> SamplingMetadata:
     n = len(params)
     return SamplingMetadata.from_params(
         params,
         output_token_ids if output_token_ids is not None else [[] for _ in range(n)],
         prompt_token_ids if prompt_token_ids is not None else [[] for _ in range(n)],
-        [torch.Generator().manual_seed(s) for s in seeds],
-        torch.device("cpu"))
+        [SeededRandom(s) for s in seeds], torch.device("cpu"), positions)
+
+
+class CountingRandom(SeededRandom):
+    """A SeededRandom that counts the uniforms asked of it."""
+
+    __slots__ = ("calls",)
+
+    def __init__(self, seed: int) -> None:
+        super().__init__(seed)
+        self.calls = 0
+
+    def uniform(self, position: int, purpose) -> float:
+        self.calls += 1
+        return super().uniform(position, purpose)
 
 
 def ref_probs(logits: np.ndarray, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,

@@ -147,11 +147,12 @@ def test_expand_repeats_rows_and_appends_prefixes() -> None:
     assert ex.top_k.tolist() == [4, 4, 4, 0]
     assert ex.output_token_ids == [[1], [1, 5], [1, 5, 6], [2, 3]]
     assert ex.prompt_token_ids == [[9], [9], [9], [10]]
-    assert ex.generators[0] is md.generators[0] and ex.generators[2] is md.generators[0]
-    assert ex.generators[3] is md.generators[1]
+    assert ex.rngs[0] is md.rngs[0] and ex.rngs[2] is md.rngs[0] and ex.rngs[3] is md.rngs[1]
+    assert ex.positions == [1, 2, 3, 2]  # copy j decides the token j places after the row's
     assert md.output_token_ids == [[1], [2, 3]]  # the original is not mutated
     sub = md.select([1])
-    assert sub.all_greedy and sub.generators[0] is md.generators[1]
+    assert sub.all_greedy and sub.rngs[0] is md.rngs[1] and sub.positions == [2]
+    assert md.shifted(2).positions == [3, 4]
     assert math.isclose(float(md.select([0]).temperature[0]), 0.5)
 
 

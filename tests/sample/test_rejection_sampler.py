@@ -10,9 +10,10 @@ import torch
 from scipy import stats
 
 from tandem.sample import RejectionSampler, Sampler
+from tandem.sample.random import SeededRandom
 from tandem.sampling_params import SamplingParams
 
-from . import ALPHA, chi2_pvalue, make_md
+from . import ALPHA, CountingRandom, chi2_pvalue, make_md
 
 GREEDY = SamplingParams(temperature=0.0)
 RANDOM = SamplingParams(temperature=1.0)
@@ -56,10 +57,10 @@ def _argmax_rows(tokens: list[int], vocab: int = 10) -> torch.Tensor:
 def test_greedy_single(drafts: list[int], target: list[int], expected: list[int],
                        accepted: int) -> None:
     md = make_md([GREEDY], [0])
-    state = md.generators[0].get_state().clone()
+    md.rngs = [CountingRandom(0)]
     out = RejectionSampler()(_argmax_rows(target), [len(drafts)], [drafts], None, md)
     assert out.token_ids == [expected] and out.num_accepted == [accepted]
-    assert torch.equal(md.generators[0].get_state(), state)  # greedy draws nothing
+    assert md.rngs[0].calls == 0  # greedy uses no randomness
 
 
 def test_greedy_several_requests() -> None:
@@ -176,7 +177,7 @@ def _markov_run(sampler: RejectionSampler, one_hot_q: bool, n: int = 30_000, k: 
     draft = target * np.exp(rng.normal(0.0, 0.8, target.shape))                  # [V+1, V]
     draft /= draft.sum(axis=1, keepdims=True)
     log_target = torch.tensor(np.log(target), dtype=torch.float32)
-    generators = [torch.Generator().manual_seed(10_000_000 + i) for i in range(n)]
+    rngs = [SeededRandom(10_000_000 + i) for i in range(n)]
     seqs: list[list[int]] = [[] for _ in range(n)]
     first_step_accepts = None
     while active := [i for i in range(n) if len(seqs[i]) < 2]:
@@ -194,8 +195,9 @@ def _markov_run(sampler: RejectionSampler, one_hot_q: bool, n: int = 30_000, k: 
         logits = log_target[torch.tensor(ctx.reshape(-1))]                      # [A*(k+1), V]
         q = None if one_hot_q else torch.tensor(
             draft[ctx[:, :k].reshape(-1)], dtype=torch.float32)                   # [A*k, V]
-        md = make_md([RANDOM] * len(active), [0] * len(active))
-        md.generators = [generators[i] for i in active]  # one generator per sequence, kept
+        md = make_md([RANDOM] * len(active), [0] * len(active),
+                     positions=[len(seqs[i]) for i in active])
+        md.rngs = [rngs[i] for i in active]  # one per sequence, keyed by its positions
         out = sampler(logits, [k] * len(active), np.stack(drafts, axis=1).tolist(), q, md)
         for i, toks in zip(active, out.token_ids):
             seqs[i] += toks

@@ -20,6 +20,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tandem import LLM, SamplingParams
 from tandem.sample.logits_processing import compute_probs
+from tandem.sample.random import Purpose
 from tandem.sample.sampler import sample_from_probs
 from tandem.spec_decode.draft_inputs import TLIDraft
 from tiny_models import build_tiny_model, build_tli_draft
@@ -124,7 +125,7 @@ def _q_not_renormalised(self, logits, md):
     m = self.mapping
     logits = logits[:, :m.draft_vocab_size]
     q_sampled = compute_probs(logits.masked_fill(self.outside, float("-inf")), md, False)
-    ids = sample_from_probs(q_sampled, md.generators)
+    ids = sample_from_probs(q_sampled, md, Purpose.DRAFT)
     q_full = compute_probs(logits, md, apply_penalty=False)
     return ids, m.draft_to_target[ids], _in_target_space(m, q_full)
 
@@ -133,7 +134,7 @@ def _q_before_top_p(self, logits, md):
     """Planted: samples after top-p but reports q without top-p."""
     m = self.mapping
     logits = logits[:, :m.draft_vocab_size].masked_fill(self.outside, float("-inf"))
-    ids = sample_from_probs(compute_probs(logits, md, apply_penalty=False), md.generators)
+    ids = sample_from_probs(compute_probs(logits, md, apply_penalty=False), md, Purpose.DRAFT)
     no_top_p = dataclasses.replace(md, top_p=torch.ones_like(md.top_p))
     return ids, m.draft_to_target[ids], _in_target_space(m, compute_probs(logits, no_top_p, False))
 

@@ -1,11 +1,18 @@
 """The FastAPI application of `tandem serve`: routes, wiring of the serving classes, /metrics, and
-running it under uvicorn."""
+running it under uvicorn.
+
+/metrics renders the engine's last published snapshot in a worker thread, so it answers at once
+however busy the engine is. On SIGTERM (or Ctrl-C) the server stops admitting (503), lets requests
+in flight finish for up to --shutdown-timeout seconds, aborts the rest (freeing their KV blocks),
+stops the engine and exits 0; if the engine loop ever dies, it exits with status 1.
+"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import logging
+import sys
 import time
 from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator, Awaitable, Optional, Sequence
@@ -73,12 +80,14 @@ def render_metrics(metrics: Sequence[Any], model_name: str) -> str:
 
 def build_app(engine: AsyncLLMEngine, served_model_names: Sequence[str],
               chat_template: Optional[str] = None, api_keys: Optional[Sequence[str]] = None,
-              model_root: Optional[str] = None, launch_time: Optional[float] = None) -> Any:
+              model_root: Optional[str] = None, launch_time: Optional[float] = None,
+              trust_request_chat_template: bool = False) -> Any:
     """The ASGI app: the FastAPI app wrapped in our middleware (each wrapper's `.app` is the
     next one in)."""
     names = list(served_model_names)
-    completion = OpenAIServingCompletion(engine, names, chat_template)
-    chat = OpenAIServingChat(engine, names, chat_template)
+    completion = OpenAIServingCompletion(engine, names, chat_template,
+                                         trust_request_chat_template)
+    chat = OpenAIServingChat(engine, names, chat_template, trust_request_chat_template)
     tokenization = OpenAIServingTokenization(engine, names, chat_template)
     created = int(time.time())
     root = model_root or names[0]
@@ -97,7 +106,7 @@ def build_app(engine: AsyncLLMEngine, served_model_names: Sequence[str],
 
     @app.get("/health")
     async def health() -> Response:
-        return Response(status_code=200 if engine.is_running else 503)
+        return Response(status_code=200 if engine.is_running and engine.accepting else 503)
 
     @app.get("/ping")
     async def ping() -> Response:
@@ -133,7 +142,7 @@ def build_app(engine: AsyncLLMEngine, served_model_names: Sequence[str],
 
     @app.post("/tokenize", dependencies=json_only)
     async def tokenize(request: TokenizeRequest) -> JSONResponse:
-        return JSONResponse(tokenization.tokenize(request))
+        return JSONResponse(await tokenization.tokenize(request))
 
     @app.post("/detokenize", dependencies=json_only)
     async def detokenize(request: DetokenizeRequest) -> JSONResponse:
@@ -145,25 +154,14 @@ def build_app(engine: AsyncLLMEngine, served_model_names: Sequence[str],
 
     @app.get("/metrics")
     async def metrics() -> PlainTextResponse:
-        collected: list[Any] = []
-        try:
-            collected.extend(await engine.get_metrics())
-        except Exception:
-            logger.exception("engine.get_metrics failed")
-        present = {m.name for m in collected}
-        try:
-            free_blocks = await engine.num_free_kv_blocks()
-        except Exception:
-            free_blocks = None
-        if free_blocks is not None and "tandem:kv_cache_free_blocks" not in present:
-            collected.append(Metric("tandem:kv_cache_free_blocks", free_blocks, kind="gauge"))
+        collected: list[Any] = list(engine.metrics_snapshot())
         collected.append(Metric("tandem:server_requests_in_flight", engine.num_in_flight,
                                 kind="gauge"))
         for (path, status), count in sorted(counter.counts.items()):
             collected.append(Metric("tandem:http_requests", count,
                                     {"path": path, "status": str(status)}))
-        return PlainTextResponse(render_metrics(collected, names[0]),
-                                 media_type="text/plain; version=0.0.4")
+        text = await asyncio.to_thread(render_metrics, collected, names[0])
+        return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
     # The metrics route reads `counter` when called, so it may be built after the routes.
     known = [route.path for route in app.routes if hasattr(route, "path")]
@@ -172,14 +170,45 @@ def build_app(engine: AsyncLLMEngine, served_model_names: Sequence[str],
     return counter
 
 
+def _make_server(config: Any, engine: AsyncLLMEngine) -> Any:
+    """uvicorn's server, told to stop admitting the moment a shutdown signal arrives. A shutdown
+    asked for is a clean exit (status 0), so the signal is not re-raised afterwards as uvicorn
+    would; a second Ctrl-C still forces the exit."""
+    import signal
+
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            engine.accepting = False
+            if self.should_exit and sig == signal.SIGINT:
+                self.force_exit = True
+            self.should_exit = True
+
+    return Server(config)
+
+
 def run_server(args: argparse.Namespace, engine: AsyncLLMEngine, chat_template: Optional[str],
                launch_time: float) -> None:
     import uvicorn
 
     app = build_app(engine, args.served_model_name, chat_template, args.api_key,
-                    model_root=args.model, launch_time=launch_time)
+                    model_root=args.model, launch_time=launch_time,
+                    trust_request_chat_template=args.trust_request_chat_template)
     config = uvicorn.Config(app, host=args.host or "0.0.0.0", port=args.port,
                             log_level=args.uvicorn_log_level,
                             access_log=not args.disable_uvicorn_access_log,
-                            timeout_graceful_shutdown=5)
-    uvicorn.Server(config).run()
+                            timeout_graceful_shutdown=args.shutdown_timeout)
+    server = _make_server(config, engine)
+    died: list[bool] = []
+
+    def on_dead() -> None:  # called from the engine thread; uvicorn polls should_exit
+        died.append(True)
+        engine.accepting = False
+        server.should_exit = True
+
+    engine.on_dead = on_dead
+    server.run()
+    if died:
+        logger.critical("tandem serve stopped: the engine loop died")
+        sys.exit(1)

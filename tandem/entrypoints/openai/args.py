@@ -62,6 +62,21 @@ def parse_max_model_len(value: str) -> Optional[int]:
     return int(result)
 
 
+def parse_bytes(value: str) -> int:
+    """`4294967296`, `4G`/`4GiB` (2^30), `4GB` (10^9), `512M`, `64k`."""
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([kKmMgGtT]?)(i?[bB])?", value.strip())
+    if not match:
+        raise argparse.ArgumentTypeError(f"invalid byte count {value!r}: use e.g. 4294967296, "
+                                         "4G, 4GiB, 4GB or 512M")
+    number, unit, suffix = float(match.group(1)), match.group(2).upper(), match.group(3) or ""
+    power = "KMGT".index(unit) + 1 if unit else 0
+    base = 1000 if suffix in ("B", "b") and unit else 1024
+    result = int(number * base ** power)
+    if result <= 0:
+        raise argparse.ArgumentTypeError(f"invalid byte count {value!r}: must be positive")
+    return result
+
+
 def _json_value(text: str) -> Any:
     try:
         return json.loads(text)
@@ -117,10 +132,21 @@ def make_serve_parser(parser: Optional[argparse.ArgumentParser] = None) -> argpa
     p.add_argument("--host", default=None, help="address to bind (default: all interfaces)")
     p.add_argument("--port", type=int, default=DEFAULT_PORT)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("-tp", "--tensor-parallel-size", type=int, default=1)
+    p.add_argument("-tp", "--tensor-parallel-size", type=int, default=1,
+                   help="shard the target across this many ranks (worker processes)")
+    p.add_argument("--nnodes", type=int, default=None,
+                   help="machines the ranks spread over (default: NNODES/WORLD_SIZE, or 1)")
+    p.add_argument("--node-rank", type=int, default=None,
+                   help="this machine's rank; > 0 runs workers only (default: NODE_RANK/RANK)")
+    p.add_argument("--master-addr", default=None,
+                   help="rendezvous address, node 0's (default: MASTER_ADDR, or 127.0.0.1)")
+    p.add_argument("--master-port", type=int, default=None,
+                   help="rendezvous port (default: MASTER_PORT, or a free port on one node)")
     p.add_argument("--max-model-len", type=parse_max_model_len, default=None,
                    help="context length: 2048, 1k, 1K, 25.6k, -1 or auto")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    p.add_argument("--kv-cache-memory-bytes", type=parse_bytes, default=None,
+                   help="KV cache size in bytes (4G, 512M, ...); the CPU default is 4 GiB")
     p.add_argument("-sc", "--speculative-config", default=None,
                    help='JSON, e.g. \'{"model": "DRAFT", "num_speculative_tokens": 5}\'')
     p.add_argument("--served-model-name", nargs="+", default=None,
@@ -137,6 +163,11 @@ def make_serve_parser(parser: Optional[argparse.ArgumentParser] = None) -> argpa
     p.add_argument("--api-key", nargs="+", default=None,
                    help="required bearer key(s); also TANDEM_API_KEY or VLLM_API_KEY")
     p.add_argument("--chat-template", default=None, help="a Jinja file path or inline template")
+    p.add_argument("--trust-request-chat-template", action="store_true",
+                   help="accept a chat_template sent with a request (rendered in Jinja's "
+                        "sandbox under a time limit); refused otherwise")
+    p.add_argument("--shutdown-timeout", type=float, default=10.0,
+                   help="seconds requests in flight may take to finish after SIGTERM")
     p.add_argument("--uvicorn-log-level", default="info",
                    choices=["critical", "error", "warning", "info", "debug", "trace"])
     p.add_argument("--disable-log-stats", action="store_true")
@@ -181,8 +212,10 @@ def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     """The keyword arguments `LLMEngine.from_kwargs` (and `tandem.LLM`) take."""
     return dict(model=args.model, tokenizer=args.tokenizer, dtype=args.dtype, seed=args.seed,
                 max_model_len=args.max_model_len, tensor_parallel_size=args.tensor_parallel_size,
+                nnodes=args.nnodes, node_rank=args.node_rank, master_addr=args.master_addr,
+                master_port=args.master_port,
                 gpu_memory_utilization=args.gpu_memory_utilization,
-                max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+                kv_cache_memory_bytes=args.kv_cache_memory_bytes, max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
                 enable_prefix_caching=args.enable_prefix_caching, device=args.device,
                 speculative_config=args.speculative_config, revision=args.revision)
 

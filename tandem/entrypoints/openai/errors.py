@@ -42,9 +42,16 @@ def error_body(message: str, status: int, type: Optional[str] = None,
                       "param": param, "code": status}}
 
 
+class _ASCIIJSONResponse(JSONResponse):
+    """Escapes non-ASCII: an error message may quote text that UTF-8 cannot encode."""
+
+    def render(self, content: Any) -> bytes:
+        return json.dumps(content, ensure_ascii=True, separators=(",", ":")).encode("ascii")
+
+
 def error_response(message: str, status: int = 400, type: Optional[str] = None,
                    param: Optional[str] = None) -> JSONResponse:
-    return JSONResponse(error_body(message, status, type, param), status_code=status)
+    return _ASCIIJSONResponse(error_body(message, status, type, param), status_code=status)
 
 
 def sse_error(error: OpenAIError | Exception) -> str:

@@ -2,6 +2,10 @@
 
 Unknown fields are accepted and ignored, as vLLM does, so clients that send newer OpenAI fields
 keep working. Responses are built as plain dicts by the serving modules.
+
+JSON may escape a lone UTF-16 surrogate (`"\\ud800"`), which decodes to a Python string that no
+tokenizer, and no UTF-8 encoder, accepts: every request body is checked for them first, and one
+found anywhere is a 400 naming the field.
 """
 
 from __future__ import annotations
@@ -15,8 +19,44 @@ from tandem.sampling_params import MAX_LOGPROBS
 Prompt = Union[str, list[str], list[int], list[list[int]]]
 
 
+def _surrogate_path(value: Any, path: str) -> Optional[str]:
+    """The dotted path of the first string (key or value) holding a lone surrogate, if any."""
+    if isinstance(value, str):
+        if value.isascii():
+            return None
+        try:
+            value.encode("utf-8")  # fails exactly on lone surrogates; C speed on megabytes
+        except UnicodeEncodeError:
+            return path
+        return None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            where = f"{path}.{key}" if path else str(key)
+            if isinstance(key, str) and _surrogate_path(key, where):
+                return where
+            found = _surrogate_path(item, where)
+            if found:
+                return found
+    elif isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            found = _surrogate_path(item, f"{path}[{i}]")
+            if found:
+                return found
+    return None
+
+
 class OpenAIBaseModel(BaseModel):
     model_config = ConfigDict(extra="allow")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_lone_surrogates(cls, data: Any) -> Any:
+        where = _surrogate_path(data, "")
+        if where is not None:
+            where = where.encode("utf-8", "backslashreplace").decode("utf-8")  # keys may hold one
+            raise ValueError(f"{where} contains a lone UTF-16 surrogate (an invalid \\uD800-"
+                             "\\uDFFF escape); send valid Unicode text")
+        return data
 
 
 class StreamOptions(OpenAIBaseModel):

@@ -3,11 +3,13 @@ or a stream of `chat.completion.chunk` deltas (the first delta of each choice ca
 
 from __future__ import annotations
 
+import asyncio
+import functools
 from typing import Any, AsyncIterator, Optional, Union
 
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from tandem.entrypoints.chat_utils import apply_chat_template
+from tandem.entrypoints.chat_utils import apply_chat_template, run_with_time_limit
 from tandem.entrypoints.openai.errors import OpenAIError, sse_error
 from tandem.entrypoints.openai.logprobs import chat_logprobs
 from tandem.entrypoints.openai.protocol import ChatCompletionRequest
@@ -17,40 +19,45 @@ from tandem.entrypoints.openai.sse import DONE, HEADERS, MEDIA_TYPE, sse_event
 from tandem.outputs import CompletionOutput, RequestOutput
 
 ROLE = "assistant"
+REQUEST_TEMPLATE_TIME_LIMIT_S = 2.0  # a template sent with a request renders for at most this
+UNTRUSTED_TEMPLATE = ("Chat template is passed with request, but --trust-request-chat-template "
+                      "is not set. Refused request with untrusted chat template.")
 
 
 class OpenAIServingChat(OpenAIServing):
 
-    def render(self, request: ChatCompletionRequest) -> str:
-        messages = [m.model_dump(exclude_none=True) for m in request.messages]
-        try:
-            return apply_chat_template(
-                self.tokenizer, messages, request.chat_template or self.chat_template,
-                add_generation_prompt=request.add_generation_prompt,
-                continue_final_message=request.continue_final_message,
-                **self._template_kwargs(request))
-        except ValueError as e:
-            raise OpenAIError(str(e), param="messages") from None
-
-    @staticmethod
-    def _template_kwargs(request: ChatCompletionRequest) -> dict[str, Any]:
+    async def render(self, request: ChatCompletionRequest) -> str:
+        """Messages to prompt text in a worker thread; a template sent with the request needs
+        --trust-request-chat-template and renders under a time limit."""
         kwargs = dict(request.chat_template_kwargs or {})
+        request_template = request.chat_template or kwargs.pop("chat_template", None)
+        if request_template is not None and not self.trust_request_chat_template:
+            raise OpenAIError(UNTRUSTED_TEMPLATE, param="chat_template")
         if request.tools:
             kwargs.setdefault("tools", request.tools)
-        return kwargs
+        messages = [m.model_dump(exclude_none=True) for m in request.messages]
+        render = functools.partial(
+            apply_chat_template, self.tokenizer, messages, request_template or self.chat_template,
+            add_generation_prompt=request.add_generation_prompt,
+            continue_final_message=request.continue_final_message, **kwargs)
+        limit = REQUEST_TEMPLATE_TIME_LIMIT_S if request_template is not None else None
+        try:
+            return await asyncio.to_thread(run_with_time_limit, render, limit)
+        except ValueError as e:
+            raise OpenAIError(str(e), param="messages") from None
 
     async def create(self, request: ChatCompletionRequest
                      ) -> Union[JSONResponse, StreamingResponse]:
         model = self.check_model(request.model)
         if not request.messages:
             raise OpenAIError("messages must not be empty", param="messages")
-        prompt = self.render(request)
-        ids = self.encode(prompt, request.add_special_tokens)
+        prompt = await self.render(request)
+        ids = await self.encode(prompt, request.add_special_tokens)
         max_tokens = self.check_length(len(ids), request.requested_max_tokens, what="messages")
         logprobs = (request.top_logprobs or 0) if request.logprobs else None
         params = self.sampling_params(request, max_tokens, logprobs, request.prompt_logprobs)
         response_id = request.request_id or random_id("chatcmpl")
-        started = await self.start([(response_id, ids, params)])
+        started = await self.start([(ids, params)])
         assembler = _ChatAssembler(self, request, model, response_id, len(ids))
         if request.stream:
             return StreamingResponse(assembler.events(self.merge(started)),

@@ -7,6 +7,7 @@ prompt_index * n + choice_index (prompt-major, as vLLM orders them).
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any, AsyncIterator, Optional, Union
 
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -24,7 +25,7 @@ PromptInput = tuple[str, list[int]]  # (text for echo, token ids)
 
 class OpenAIServingCompletion(OpenAIServing):
 
-    def _prompts(self, request: CompletionRequest) -> list[PromptInput]:
+    async def _prompts(self, request: CompletionRequest) -> list[PromptInput]:
         prompt = request.prompt
         if prompt is None or (isinstance(prompt, list) and not prompt):
             raise OpenAIError("Either prompt or prompt_embeds must be provided and non-empty.",
@@ -37,27 +38,27 @@ class OpenAIServingCompletion(OpenAIServing):
         out: list[PromptInput] = []
         for item in items:
             if isinstance(item, str):
-                out.append((item, self.encode(item, request.add_special_tokens)))
+                out.append((item, await self.encode(item, request.add_special_tokens)))
             else:
                 ids = self.check_token_ids(item)
-                out.append((self.tokenizer.decode(ids), ids))
+                out.append((await asyncio.to_thread(self.tokenizer.decode, ids), ids))
         return out
 
     async def create(self, request: CompletionRequest) -> Union[JSONResponse, StreamingResponse]:
         model = self.check_model(request.model)
         if request.suffix:
             raise OpenAIError("suffix is not supported", param="suffix")
-        prompts = self._prompts(request)
+        prompts = await self._prompts(request)
         # Echo with logprobs needs the prompt's logprobs too.
         prompt_logprobs = request.prompt_logprobs
         if request.echo and request.logprobs is not None:
             prompt_logprobs = request.logprobs
         base_id = request.request_id or random_id("cmpl")
         jobs = []
-        for i, (_, ids) in enumerate(prompts):
+        for _, ids in prompts:
             max_tokens = self.check_length(len(ids), request.max_tokens)
             params = self.sampling_params(request, max_tokens, request.logprobs, prompt_logprobs)
-            jobs.append((f"{base_id}-{i}", ids, params))
+            jobs.append((ids, params))
         started = await self.start(jobs)
         stream = _Assembler(self, request, model, base_id, prompts)
         if request.stream:

@@ -1,6 +1,12 @@
 """What completions and chat serving share: the model-name check, prompt validation, length
 checks, SamplingParams from a request, running several engine requests as one response, usage and
-the speculative statistics attached to every response."""
+the speculative statistics attached to every response.
+
+Tokenization runs in a worker thread (`asyncio.to_thread`), never on the event loop, so a
+multi-megabyte prompt does not stall /health or the other streams. Engine requests get ids of the
+server's own (`random_id`); a client's `request_id` only names the response, so no client can pick
+an id that collides with another request inside the engine.
+"""
 
 from __future__ import annotations
 
@@ -18,6 +24,19 @@ from tandem.outputs import RequestOutput, SpecDecodeRequestStats
 from tandem.sampling_params import SamplingParams
 
 _PARAM_FIELDS = {f.name for f in dataclasses.fields(SamplingParams)}
+_MAX_TOKEN_CHARS: dict[int, int] = {}
+
+
+def max_token_chars(tokenizer: Any) -> int:
+    """The longest token string in the vocabulary: no token covers more characters of text (a
+    byte-level string is at least as long as the text it stands for), so a text of C characters
+    has at least C / this many tokens."""
+    key = id(tokenizer)
+    if key not in _MAX_TOKEN_CHARS:
+        vocab = tokenizer.get_vocab()
+        added = [t.content for t in getattr(tokenizer, "added_tokens_decoder", {}).values()]
+        _MAX_TOKEN_CHARS[key] = max([len(s) for s in vocab] + [len(s) for s in added] + [1])
+    return _MAX_TOKEN_CHARS[key]
 
 
 def random_id(prefix: str) -> str:
@@ -30,13 +49,16 @@ def now() -> int:
 
 class OpenAIServing:
     def __init__(self, engine: AsyncLLMEngine, served_model_names: Sequence[str],
-                 chat_template: Optional[str] = None) -> None:
+                 chat_template: Optional[str] = None,
+                 trust_request_chat_template: bool = False) -> None:
         self.engine = engine
+        self.trust_request_chat_template = trust_request_chat_template
         self.tokenizer = engine.tokenizer
         self.max_model_len = engine.max_model_len
         self.vocab_size = engine.vocab_size
         self.served_model_names = list(served_model_names)
         self.chat_template = chat_template
+        self.max_token_chars = max_token_chars(self.tokenizer)
 
     @property
     def model_name(self) -> str:
@@ -58,11 +80,19 @@ class OpenAIServing:
                                   f"{self.vocab_size}).", param="prompt")
         return list(ids)
 
-    def encode(self, text: str, add_special_tokens: bool) -> list[int]:
+    async def encode(self, text: str, add_special_tokens: bool) -> list[int]:
         if not text:
             raise OpenAIError("The prompt is empty.", param="prompt")
-        return self.check_token_ids(self.tokenizer(text, add_special_tokens=add_special_tokens)
-                                    .input_ids)
+        at_least = len(text) // self.max_token_chars
+        if at_least >= self.max_model_len:  # cannot fit: no need to tokenize megabytes
+            raise OpenAIError(
+                f"This model's maximum context length is {self.max_model_len} tokens. However, "
+                f"your prompt has at least {at_least} tokens ({len(text)} characters), which "
+                "leaves no room for a completion. Please reduce the length of the prompt.",
+                param="prompt")
+        encoded = await asyncio.to_thread(self.tokenizer, text,
+                                          add_special_tokens=add_special_tokens)
+        return self.check_token_ids(encoded.input_ids)
 
     def check_length(self, prompt_len: int, max_tokens: Optional[int],
                      what: str = "prompt") -> int:
@@ -144,12 +174,14 @@ class OpenAIServing:
 
     # ---- running requests ------------------------------------------------------------------
 
-    async def start(self, jobs: Sequence[tuple[str, Union[str, list[int]], SamplingParams]]
+    async def start(self, jobs: Sequence[tuple[Union[str, list[int]], SamplingParams]]
                     ) -> list[tuple[str, asyncio.Queue]]:
-        """Add every request before streaming any, so a bad one fails the whole call with 400."""
+        """Add every request before streaming any, so a bad one fails the whole call with 400.
+        Each gets a fresh internal id."""
         started: list[tuple[str, asyncio.Queue]] = []
         try:
-            for request_id, prompt, params in jobs:
+            for prompt, params in jobs:
+                request_id = random_id("req")
                 started.append((request_id, await self.engine.add_request(request_id, prompt,
                                                                           params)))
         except BaseException as e:

@@ -3,6 +3,7 @@ probes for when it is not given a tokenizer of its own."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from tandem.entrypoints.chat_utils import apply_chat_template
@@ -13,8 +14,12 @@ from tandem.entrypoints.openai.serving_engine import OpenAIServing
 
 class OpenAIServingTokenization(OpenAIServing):
 
-    def tokenize(self, request: TokenizeRequest) -> dict[str, Any]:
+    async def tokenize(self, request: TokenizeRequest) -> dict[str, Any]:
+        """Template rendering and tokenization run in a worker thread, off the event loop."""
         self.check_model(request.model)
+        return await asyncio.to_thread(self._tokenize, request)
+
+    def _tokenize(self, request: TokenizeRequest) -> dict[str, Any]:
         if request.messages is not None:
             try:
                 text = apply_chat_template(

@@ -1,0 +1,33 @@
+"""The engine's counters and gauges as named metrics (vLLM's names under our prefix)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Union
+
+from tandem.metrics import PREFIX, Metric, Vector
+
+if TYPE_CHECKING:
+    from tandem.engine.llm_engine import LLMEngine
+
+
+def engine_metrics(engine: LLMEngine) -> list[Union[Metric, Vector]]:
+    c = engine.counters
+    kv, sched = engine.kv, engine.scheduler
+    used = engine.num_blocks - kv.num_free_blocks
+    metrics: list[Union[Metric, Vector]] = [
+        Metric(PREFIX + "prompt_tokens", c["prompt_tokens"]),
+        Metric(PREFIX + "generation_tokens", c["generation_tokens"]),
+        Metric(PREFIX + "request_success", c["request_success"]),
+        Metric(PREFIX + "request_aborted", c["request_aborted"]),
+        Metric(PREFIX + "request_failed", c["request_failed"]),
+        Metric(PREFIX + "num_preemptions", sched.num_preemptions),
+        Metric(PREFIX + "prefix_cache_queries", kv.prefix_queries),
+        Metric(PREFIX + "prefix_cache_hits", kv.prefix_hits),
+        Metric(PREFIX + "num_requests_running", len(sched.running), kind="gauge"),
+        Metric(PREFIX + "num_requests_waiting", len(sched.waiting), kind="gauge"),
+        Metric(PREFIX + "kv_cache_usage_perc", used / engine.num_blocks, kind="gauge"),
+        Metric(PREFIX + "kv_cache_free_blocks", kv.num_free_blocks, kind="gauge"),
+    ]
+    if engine.spec_metrics is not None:
+        metrics.extend(engine.spec_metrics.metrics())
+    return metrics

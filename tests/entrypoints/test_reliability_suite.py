@@ -1,0 +1,234 @@
+"""The reliability suite: hostile and careless clients against `tandem serve`, over loopback, with
+bounded loops. Bad-input mutations of valid bodies, a schemathesis run over /openapi.json,
+disconnect storms with every KV block accounted for, and a fault injected inside an engine step.
+The figures land in pytest's summary ("reliability")."""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+import time
+from collections import Counter
+from typing import Any, Iterator
+
+import httpx
+import pytest
+import schemathesis
+from hypothesis import HealthCheck, settings
+
+from entrypoints.reliability_helpers import (REL_BLOCKS, RELIABILITY, metric, post,
+                                             serve_in_process, wait_idle)
+from entrypoints.server_helpers import ServerProcess
+
+COMPLETION = {"model": "tiny-rel", "prompt": "Hello, my name is", "max_tokens": 4,
+              "temperature": 0.7, "top_p": 0.9, "n": 1, "stop": ["."], "logprobs": 1,
+              "seed": 3, "stream": False}
+CHAT = {"model": "tiny-rel", "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 4,
+        "temperature": 0.7, "top_logprobs": 1, "logprobs": True, "n": 1}
+BAD_VALUES = [None, -1, 0, 2**63, -2**63, 2**64, 1e308, -1e308, 0.5, "x", "", [], {}, [None],
+              [[]], True, {"a": [1, {"b": None}]}, "\ud800", ["\udfff"], "9" * 400, [2**40] * 3,
+              [-1], "🙂" * 50]
+EXTRA_BODIES = [b"", b"{", b"[]", b"null", b'"text"', b"\xff\xfe", b'{"prompt": "a", "n": 1e999}',
+                json.dumps({"prompt": "a" * 100_000, "max_tokens": 1}).encode()]
+
+
+def _mutations(base: dict) -> Iterator[Any]:
+    """Each field set to each bad value, each field removed, an unknown field added."""
+    for field in base:
+        for value in BAD_VALUES:
+            yield {**base, field: value}
+        yield {k: v for k, v in base.items() if k != field}
+    yield {**base, "unknown_field": {"deep": [1, 2]}}
+    yield {**base, "stream": True, "max_tokens": -5}
+
+
+def test_bad_input_mutations_get_4xx_never_5xx(rel_server: ServerProcess) -> None:
+    statuses: Counter = Counter()
+    hangs = 0
+    fives = []
+    cases = [("/v1/completions", m) for m in _mutations(COMPLETION)]
+    cases += [("/v1/chat/completions", m) for m in _mutations(CHAT)]
+    cases += [("/v1/chat/completions", {**CHAT, "messages": m}) for m in
+              ([], [{"role": "user"}], [{"content": "x"}], [{"role": "user", "content": 5}],
+               [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}])]
+    cases += [("/tokenize", m) for m in _mutations({"prompt": "Hello", "add_special_tokens": True})]
+    cases += [("/detokenize", m) for m in _mutations({"tokens": [5, 6, 7]})]
+    with httpx.Client(timeout=30) as client:
+        for path, body in cases:
+            raw = json.dumps(body, ensure_ascii=True).encode()
+            try:
+                r = client.post(rel_server.url + path, content=raw,
+                                headers={"content-type": "application/json"})
+            except httpx.TimeoutException:
+                hangs += 1
+                continue
+            statuses[r.status_code // 100] += 1
+            if r.status_code >= 500:
+                fives.append((path, body, r.text[:200]))
+            elif r.status_code >= 400:
+                assert "error" in r.json(), r.text  # OpenAI's error shape
+        for raw in EXTRA_BODIES:
+            r = client.post(rel_server.url + "/v1/completions", content=raw,
+                            headers={"content-type": "application/json"})
+            statuses[r.status_code // 100] += 1
+            if r.status_code >= 500:
+                fives.append(("/v1/completions", raw[:50], r.text[:200]))
+    total = len(cases) + len(EXTRA_BODIES)
+    RELIABILITY["bad-input mutations"] = (
+        f"{total} tried: {statuses[2]} 2xx, {statuses[4]} 4xx, {statuses[5]} 5xx, {hangs} hangs")
+    assert not fives, fives[:3]
+    assert hangs == 0
+    assert post(rel_server.url, "/v1/completions", COMPLETION).status_code == 200
+    wait_idle(rel_server.url, REL_BLOCKS)
+
+
+# ---- schemathesis over the server's own OpenAPI document ----------------------------------------
+
+SCHEMATHESIS: Counter = Counter()
+
+
+def _bounded(case: Any) -> Any:
+    """Keep generation requests short: the point is the HTTP edge, not long generations."""
+    if isinstance(case.body, dict):
+        for key in ("max_tokens", "max_completion_tokens"):
+            if isinstance(case.body.get(key), int) and case.body[key] > 16:
+                case.body[key] = 16
+        if isinstance(case.body.get("n"), int) and case.body["n"] > 4:
+            case.body["n"] = 4
+    return case
+
+
+@pytest.mark.parametrize("mode", ["positive", "negative"])
+def test_schemathesis_finds_no_server_error(rel_server: ServerProcess, mode: str) -> None:
+    """Every operation of /openapi.json, with schema-valid (positive) and schema-violating
+    (negative) inputs generated by schemathesis: never a 5xx, never a hang."""
+    from hypothesis import given
+    from hypothesis.errors import Unsatisfiable
+    from schemathesis.generation import GenerationMode
+
+    schema = schemathesis.openapi.from_url(rel_server.url + "/openapi.json")
+    failures: list[str] = []
+    for result in schema.get_all_operations():
+        operation = result.ok()
+
+        @given(case=operation.as_strategy(GenerationMode(mode)))
+        @settings(max_examples=50, deadline=None, derandomize=True, database=None,
+                  suppress_health_check=list(HealthCheck))
+        def run(case: Any) -> None:
+            try:
+                response = _bounded(case).call(timeout=60)
+            except Exception as e:  # noqa: BLE001 - a hang or a dropped connection
+                failures.append(f"{case.method} {case.path}: {type(e).__name__}: {e}")
+                return
+            SCHEMATHESIS["cases"] += 1
+            SCHEMATHESIS[f"{response.status_code // 100}xx"] += 1
+            if response.status_code >= 500:
+                failures.append(f"{case.method} {case.path} {case.body!r}: "
+                                f"{response.status_code} {response.text[:200]}")
+
+        try:
+            run()
+        except Unsatisfiable:  # nothing negative to generate (an operation without inputs)
+            pass
+    RELIABILITY["schemathesis"] = (f"{SCHEMATHESIS['cases']} cases: {SCHEMATHESIS['2xx']} 2xx, "
+                                   f"{SCHEMATHESIS['4xx']} 4xx, {SCHEMATHESIS['5xx']} 5xx")
+    assert not failures, failures[:5]
+    wait_idle(rel_server.url, REL_BLOCKS)
+
+
+# ---- disconnect storms ----------------------------------------------------------------------------
+
+def test_disconnect_storm_leaks_no_kv_block(rel_server: ServerProcess) -> None:
+    """Clients that leave at every moment: before the first byte, after a few chunks, mid
+    non-streaming request, in bursts, all at once."""
+    rng = random.Random(7)
+    plans = [(rng.choice(["stream", "plain"]), rng.choice([0.0, 0.01, 0.05, 0.2]),
+              rng.randint(0, 4)) for _ in range(120)]
+
+    def client(kind: str, timeout: float, chunks: int) -> None:
+        body = {"prompt": "Hello", "max_tokens": 64, "ignore_eos": True, "n": rng.choice([1, 2])}
+        try:
+            if kind == "stream":
+                with httpx.stream("POST", rel_server.url + "/v1/completions",
+                                  json={**body, "stream": True}, timeout=5) as r:
+                    for i, _ in enumerate(r.iter_lines()):
+                        if i >= chunks:
+                            break
+            else:
+                httpx.post(rel_server.url + "/v1/completions", json=body,
+                           timeout=timeout or 0.001)
+        except httpx.HTTPError:
+            pass
+
+    for burst in range(0, len(plans), 30):
+        threads = [threading.Thread(target=client, args=plan, daemon=True)
+                   for plan in plans[burst:burst + 30]]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+    wait_idle(rel_server.url, REL_BLOCKS, timeout=30)
+    leaked = REL_BLOCKS - metric(rel_server.url, "tandem:kv_cache_free_blocks")
+    RELIABILITY["disconnect storm"] = f"{len(plans)} disconnects, {leaked:.0f} leaked blocks"
+    assert leaked == 0
+    assert post(rel_server.url, "/v1/completions", COMPLETION).status_code == 200
+
+
+# ---- a fault inside an engine step ------------------------------------------------------------------
+
+POISON = 7  # a token id: requests whose prompt holds it fail inside the model runner
+
+
+@pytest.fixture(scope="module")
+def faulty_server(tiny_model_dir: Any) -> Iterator[Any]:
+    """A real engine (tiny llama, with a draft) behind a real socket, its runner made to raise
+    for any batch holding the poison token."""
+    from tandem.engine.llm_engine import LLMEngine
+
+    engine = LLMEngine.from_kwargs(str(tiny_model_dir), speculative_config={
+        "model": str(tiny_model_dir), "num_speculative_tokens": 2}, disable_log_stats=True)
+    execute = engine.runner.execute
+
+    def faulty(sched: Any) -> Any:
+        if any(POISON in s.request.prompt_token_ids for s in sched.scheduled):
+            raise RuntimeError("injected fault")
+        return execute(sched)
+
+    engine.runner.execute = faulty
+    srv = serve_in_process(engine)
+    yield srv
+    srv.stop()
+
+
+def test_a_request_failing_inside_a_step_fails_alone(faulty_server: Any) -> None:
+    url = faulty_server.url
+    good = [{"prompt": [11, 12, 13, 14 + i], "max_tokens": 12, "temperature": 0} for i in range(5)]
+    alone = [post(url, "/v1/completions", b).json()["choices"][0]["text"] for b in good]
+    results: dict[int, httpx.Response] = {}
+    bodies = good[:3] + [{"prompt": [11, POISON, 13], "max_tokens": 12}] + good[3:]
+    stream_bad = {"prompt": [POISON, 20], "max_tokens": 12, "stream": True}
+    threads = [threading.Thread(target=lambda i=i, b=b: results.__setitem__(
+        i, post(url, "/v1/completions", b))) for i, b in enumerate(bodies + [stream_bad])]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    statuses = [results[i].status_code for i in range(len(bodies) + 1)]
+    assert statuses[3] == 500 and "injected fault" in results[3].json()["error"]["message"]
+    events = results[len(bodies)].text
+    assert '"error"' in events and "injected fault" in events and events.endswith("[DONE]\n\n")
+    texts = [results[i].json()["choices"][0]["text"] for i in (0, 1, 2, 4, 5)]
+    assert texts == alone  # the others completed, exactly as alone
+    engine = faulty_server.llm_engine
+    deadline = time.monotonic() + 10
+    while engine.has_unfinished_requests():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert engine.num_free_kv_blocks() == engine.num_blocks
+    assert httpx.get(url + "/health").status_code == 200
+    failed = metric(url, "tandem:request_failed_total")
+    RELIABILITY["engine-fault injection"] = (
+        f"{len(bodies) + 1} requests, 2 poisoned: those 2 failed (500 / error event), "
+        f"the other 5 completed as alone; tandem:request_failed_total {failed:.0f}")
+    assert failed == 2
