@@ -23,6 +23,33 @@ from common import prompts, save, timed  # noqa: E402
 GEMMA3 = "google/gemma-3-270m"
 
 
+def instrument() -> dict[str, float]:
+    """Time rank 0 spends in collectives (all-reduce, all-gather, the batch broadcast), which
+    includes waiting for the other rank to arrive, and the number of forwards."""
+    import time
+
+    from tandem.distributed.executor import MultiprocExecutor
+    from tandem.distributed.parallel_state import TPGroup
+
+    comm = {"seconds": 0.0, "forwards": 0}
+
+    def timing(fn, counts_forwards: bool = False):
+        def wrapped(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                comm["seconds"] += time.perf_counter() - t0
+                if counts_forwards and isinstance(args[1], tuple) and args[1][0] == "forward":
+                    comm["forwards"] += 1
+        return wrapped
+
+    TPGroup.all_reduce = timing(TPGroup.all_reduce)
+    TPGroup.all_gather = timing(TPGroup.all_gather)
+    MultiprocExecutor._send = timing(MultiprocExecutor._send, counts_forwards=True)
+    return comm
+
+
 def rates(llm, texts: list[str], sp) -> tuple[float, float, list[list[int]]]:
     llm.generate(texts[:1], sp, use_tqdm=False)  # warm-up
     t_one, one = timed(lambda: [llm.generate([t], sp, use_tqdm=False)[0] for t in texts[:4]])
@@ -42,6 +69,7 @@ def main() -> None:
     texts = prompts(args.prompts)
     sp = SamplingParams(temperature=0, max_tokens=args.tokens, ignore_eos=True)
     results = {}
+    comm = instrument()
     for tp in (1, 2):
         llm = LLM(GEMMA3, tensor_parallel_size=tp, dtype="float32", disable_log_stats=True)
         results[tp] = rates(llm, texts, sp)
@@ -54,11 +82,16 @@ def main() -> None:
               "tp1": {"single_tok_s": s1, "batch_tok_s": b1},
               "tp2": {"single_tok_s": s2, "batch_tok_s": b2},
               "tp2_over_tp1": {"single": s2 / s1, "batch": b2 / b1},
-              "identical_tokens": o1 == o2}
+              "identical_tokens": o1 == o2,
+              "tp2_collective_ms_per_forward": 1000 * comm["seconds"] / max(1, comm["forwards"]),
+              "tp2_forwards": comm["forwards"]}
     print(f"CPU: {result['cpu']} ({result['cpus']} cores)")
     print(f"one stream: tp=1 {s1:.1f} tok/s, tp=2 {s2:.1f} tok/s ({s2 / s1:.2f}x)")
     print(f"{args.prompts} prompts: tp=1 {b1:.1f} tok/s, tp=2 {b2:.1f} tok/s ({b2 / b1:.2f}x)")
     print(f"identical greedy tokens: {o1 == o2}")
+    print(f"tp=2 rank 0 in collectives (incl. waiting for rank 1): "
+          f"{result['tp2_collective_ms_per_forward']:.1f} ms per forward over "
+          f"{comm['forwards']} forwards")
     print(f"saved {save('tp', result)}")
 
 

@@ -57,13 +57,12 @@ class LocalExecutor:
 class MultiprocExecutor(LocalExecutor):
     def __init__(self, config: Any, launch: Launch) -> None:
         self.config, self.launch = config, launch
-        self.failure = None
         local = list(launch.local_ranks)
         threads = max(1, (os.cpu_count() or 1) // len(local))
         self.procs = {r: start_worker(r, launch, config, threads) for r in local[1:]}
         self._stop = threading.Event()
         # Rank 0 shares this process's cores with the workers (restored on shutdown).
-        self._state: dict[str, Any] = {"commands": None, "failed": False,
+        self._state: dict[str, Any] = {"commands": None, "failure": None,
                                        "threads": torch.get_num_threads()}
         # Runs once: on shutdown(), when the executor is collected, or at interpreter exit.
         self._finalizer = weakref.finalize(self, _shutdown, self.procs, self._state, self._stop)
@@ -73,7 +72,13 @@ class MultiprocExecutor(LocalExecutor):
         self.models = load_models(config, self.joined.group)
         self.draft_parallel = (config.speculative_config is not None and
                                (config.speculative_config.draft_tensor_parallel_size or 1) > 1)
-        threading.Thread(target=self._monitor, name="tandem-tp-monitor", daemon=True).start()
+        # The monitor holds no reference to the executor, which can then be collected.
+        threading.Thread(target=_monitor, args=(self.procs, launch, self._state, self._stop),
+                         name="tandem-tp-monitor", daemon=True).start()
+
+    @property
+    def failure(self) -> Optional[str]:  # type: ignore[override]
+        return self._state["failure"]
 
     def allocate_kv(self, num_blocks: int) -> None:
         self._send(num_blocks)
@@ -108,40 +113,46 @@ class MultiprocExecutor(LocalExecutor):
         if self.failure is not None:
             raise WorkerDiedError(self.failure)
 
-    def _monitor(self) -> None:
-        """Local workers: their processes; every worker: its heartbeat counter in the store."""
-        store = heartbeat_store(self.launch)
-        seen: dict[int, tuple[int, float]] = {}
-        while not self._stop.wait(HEARTBEAT_S):
-            now = time.monotonic()
-            for rank in range(1, self.launch.world_size):
-                proc = self.procs.get(rank)
-                if proc is not None and proc.poll() is not None:
-                    self._fail(f"tensor-parallel worker rank {rank} (pid {proc.pid}) exited "
-                               f"with status {proc.returncode}")
-                    return
-                beats = int(store.add(f"tandem/heartbeat/{rank}", 0))
-                last, since = seen.get(rank, (-1, now))
-                if beats != last:
-                    seen[rank] = (beats, now)
-                elif now - since > DEAD_AFTER_S and beats > 0:
-                    self._fail(f"tensor-parallel worker rank {rank} stopped answering (no "
-                               f"heartbeat for {now - since:.0f} s)")
-                    return
-
     def _fail(self, message: str) -> None:
-        logger.error("%s; the engine cannot continue", message)
-        self.failure = message
-        self._state["failed"] = True
+        _fail(self._state, message)
 
     def shutdown(self) -> None:
         self._finalizer()
 
 
+def _fail(state: dict[str, Any], message: str) -> None:
+    if state["failure"] is None:
+        logger.error("%s; the engine cannot continue", message)
+        state["failure"] = message
+
+
+def _monitor(procs: dict[int, Any], launch: Launch, state: dict[str, Any],
+             stop: threading.Event) -> None:
+    """Local workers: their processes; every worker: its heartbeat counter in the store."""
+    store = heartbeat_store(launch)
+    seen: dict[int, tuple[int, float]] = {}
+    while not stop.wait(HEARTBEAT_S):
+        now = time.monotonic()
+        for rank in range(1, launch.world_size):
+            proc = procs.get(rank)
+            if proc is not None and proc.poll() is not None:
+                _fail(state, f"tensor-parallel worker rank {rank} (pid {proc.pid}) exited with "
+                             f"status {proc.returncode}")
+                return
+            beats = int(store.add(f"tandem/heartbeat/{rank}", 0))
+            last, since = seen.get(rank, (-1, now))
+            if beats != last:
+                seen[rank] = (beats, now)
+            elif now - since > DEAD_AFTER_S and beats > 0:
+                _fail(state, f"tensor-parallel worker rank {rank} stopped answering (no heartbeat "
+                             f"for {now - since:.0f} s)")
+                return
+
+
 def _shutdown(procs: dict[int, Any], state: dict[str, Any], stop: threading.Event) -> None:
     """Tell the workers to stop, wait briefly, make sure none is left, leave the group."""
     stop.set()
-    if state["commands"] is not None and not state["failed"] and dist.is_initialized():
+    if state["commands"] is not None and state["failure"] is None and dist.is_initialized():
         try:
             dist.broadcast_object_list([("stop",)], src=0, group=state["commands"])
         except RuntimeError:

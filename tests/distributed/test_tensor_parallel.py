@@ -6,6 +6,7 @@ no process is left behind."""
 from __future__ import annotations
 
 import gc
+import json
 import os
 import signal
 import subprocess
@@ -71,10 +72,12 @@ def test_tp2_equals_tp1_and_leaves_no_process(tiny_llama, prompts, reference):
     assert tokens(llm.generate(prompts, GREEDY, use_tqdm=False)) == reference["greedy"]
     assert tokens(llm.generate(prompts[:4], SEEDED, use_tqdm=False)) == reference["seeded"]
     assert llm.llm_engine.scheduler.num_preemptions > 0
-    llm.llm_engine.shutdown()
-    del llm
+    del llm  # no explicit shutdown: the end of the LLM object stops its workers
     gc.collect()
-    assert not [p for p in workers if p in children(os.getpid())]
+    deadline = time.monotonic() + 10
+    while [p for p in workers if p in children(os.getpid())]:
+        assert time.monotonic() < deadline, "worker processes outlived the LLM object"
+        time.sleep(0.1)
 
 
 @pytest.mark.parametrize("draft,draft_tp", [("same", 2), ("tli", 1)])
@@ -130,6 +133,13 @@ def test_serve_tp2_matches_tp1_and_a_dead_worker_stops_the_server(tiny_llama, re
     srv = start_server(tiny_llama, ["--served-model-name", "tiny", "-tp", "2"], tmp_path / "log")
     try:
         assert _completion(srv.url, prompts[0]) == reference["text0"]
+        with httpx.stream("POST", srv.url + "/v1/completions", timeout=60, json={
+                "model": "tiny", "prompt": prompts[0], "max_tokens": 24, "temperature": 0,
+                "ignore_eos": True, "stream": True}) as r:
+            events = [json.loads(line[5:]) for line in r.iter_lines()
+                      if line.startswith("data: {")]
+        assert "".join(e["choices"][0]["text"] for e in events) == reference["text0"]
+        assert "tandem:generation_tokens_total" in httpx.get(srv.url + "/metrics").text
         workers = children(srv.proc.pid)
         assert workers
         os.kill(workers[-1], signal.SIGKILL)
@@ -142,16 +152,26 @@ def test_serve_tp2_matches_tp1_and_a_dead_worker_stops_the_server(tiny_llama, re
         stop_server(srv.proc)
 
 
+def test_ctrl_c_stops_the_server_and_its_workers(tiny_llama, tmp_path):
+    srv = start_server(tiny_llama, ["--served-model-name", "tiny", "-tp", "2"], tmp_path / "log")
+    workers = children(srv.proc.pid)
+    srv.proc.send_signal(signal.SIGINT)
+    assert srv.proc.wait(30) == 0
+    assert workers and not [w for w in workers if _alive(w)]
+
+
 def test_two_nodes_on_loopback_match_tp1(tiny_llama, reference, prompts, tmp_path):
-    """Node 1 runs rank 1 only, as its own process tree; node 0 runs the engine, rank 0 and the
-    API. They meet through the rendezvous at 127.0.0.1:PORT."""
-    common = ["-tp", "2", "--nnodes", "2", "--master-addr", "127.0.0.1",
-              "--master-port", str(free_port())]
+    """Node 1 runs rank 1 only, as its own process tree, configured through the environment
+    (MASTER_ADDR, MASTER_PORT, NNODES, NODE_RANK); node 0 runs the engine, rank 0 and the API,
+    configured by flags. They meet through the rendezvous at 127.0.0.1:PORT."""
+    port = str(free_port())
+    common = ["-tp", "2", "--nnodes", "2", "--master-addr", "127.0.0.1", "--master-port", port]
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "NNODES": "2",
+           "NODE_RANK": "1"}
     with open(tmp_path / "node1.log", "w") as log:
-        node1 = subprocess.Popen(serve_command(tiny_llama, "--max-model-len", "256",
-                                               "--node-rank", "1", *common),
+        node1 = subprocess.Popen(serve_command(tiny_llama, "--max-model-len", "256", "-tp", "2"),
                                  stdout=log, stderr=subprocess.STDOUT, cwd=str(REPO_ROOT),
-                                 start_new_session=True)
+                                 env=env, start_new_session=True)
     try:
         srv = start_server(tiny_llama, ["--served-model-name", "tiny", "--node-rank", "0",
                                         *common], tmp_path / "node0.log")
