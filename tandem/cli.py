@@ -7,6 +7,7 @@ and argument errors answer at once.
 from __future__ import annotations
 
 import logging
+import socket
 import sys
 import time
 from typing import Optional, Sequence
@@ -37,6 +38,22 @@ def _setup_logging() -> None:
     root.setLevel(logging.INFO)
 
 
+def bind_socket(host: Optional[str], port: int) -> socket.socket:
+    """The listening socket, bound now so a port in use is reported before models load."""
+    family = socket.AF_INET6 if host and ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host or "0.0.0.0", port))
+    except OSError as e:
+        sock.close()
+        raise OSError(f"cannot listen on {host or '0.0.0.0'}:{port}: {e.strerror}; is another "
+                      "server running? Choose another port with --port.") from None
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
 def serve(argv: Sequence[str], launch_time: float) -> None:
     if any(a in ("-h", "--help") for a in argv):
         make_serve_parser().print_help()
@@ -46,6 +63,8 @@ def serve(argv: Sequence[str], launch_time: float) -> None:
     except ArgumentError as e:
         print_error_and_exit(str(e), 2)
     _setup_logging()
+    from tandem.entrypoints.openai.serve_flags import log_notes
+    log_notes(args.compat_notes)
     from tandem.config import EngineConfig
     from tandem.distributed.node import run_worker_node
     from tandem.engine.async_engine import AsyncLLMEngine
@@ -58,10 +77,11 @@ def serve(argv: Sequence[str], launch_time: float) -> None:
         config = EngineConfig.create(disable_log_stats=args.disable_log_stats, **kwargs)
         if config.parallel_config.node_rank > 0:  # workers only: node 0 serves
             sys.exit(run_worker_node(config))
+        sock = bind_socket(args.host, args.port)  # before the weights load: fail fast
         engine = AsyncLLMEngine(LLMEngine(config), log_stats=not args.disable_log_stats)
     except STARTUP_ERRORS as e:
         print_error_and_exit(one_line(e), 1)
-    run_server(args, engine, chat_template, launch_time)
+    run_server(args, engine, chat_template, launch_time, sock)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:

@@ -88,6 +88,9 @@ class ModelConfig:
                 f"derived max_model_len (max_position_embeddings={derived} in the model's config). "
                 f"Use max_model_len <= {derived}.")
         gguf = str(source.gguf_file) if source.gguf_file else None
+        if tokenizer is not None:  # a Hub id resolves like a model: cache, then bundled copy
+            tok = resolve_model(tokenizer, revision=None)
+            tokenizer = str(tok.gguf_file) if tok.gguf_file else str(tok.model_dir)
         return ModelConfig(model=model, model_dir=str(source.model_dir), gguf_file=gguf,
                            tokenizer=tokenizer or (gguf or str(source.model_dir)),
                            hf_config=hf_config, dtype=resolve_dtype(dtype, hf_config, device),
@@ -169,6 +172,20 @@ class ParallelConfig:
                       self.master_port)
 
 
+def _check_weights_and_cache(mc: ModelConfig, quantization: Optional[str], kv_cache_dtype: str,
+                             max_logprobs: int) -> None:
+    if quantization not in (None, "none", "gguf"):
+        raise ValueError(f"quantization={quantization!r} is not supported: tandem runs float "
+                         "weights (GGUF files are dequantized at load); use 'gguf' or none.")
+    if quantization == "gguf" and mc.gguf_file is None:
+        raise ValueError(f"quantization='gguf' needs a GGUF file, but {mc.model} is not one.")
+    if kv_cache_dtype != "auto":
+        raise ValueError(f"kv_cache_dtype={kv_cache_dtype!r} is not supported: the KV cache "
+                         "keeps the model's dtype; supported: ['auto'].")
+    if not isinstance(max_logprobs, int) or max_logprobs < -1:
+        raise ValueError(f"max_logprobs must be -1 (no limit) or at least 0, got {max_logprobs}.")
+
+
 def _parallel_config(tp: int, nnodes: Optional[int], node_rank: Optional[int],
                      master_addr: Optional[str], master_port: Optional[int]) -> ParallelConfig:
     if not isinstance(tp, int) or isinstance(tp, bool) or tp < 1:
@@ -190,6 +207,8 @@ class EngineConfig:
     device: torch.device
     speculative_config: Optional[SpeculativeConfig] = None
     log_stats: bool = True  # the periodic speculative-decoding log line
+    max_logprobs: int = 20  # most logprobs per token a request may ask for (-1: no limit)
+    generation_config: str = "auto"  # defaults for omitted sampling fields: auto, vllm or a path
 
     @staticmethod
     def create(model: str, tokenizer: Optional[str] = None, dtype: Union[str, torch.dtype] = "auto",
@@ -202,6 +221,8 @@ class EngineConfig:
                enforce_eager: bool = True, trust_remote_code: bool = False,
                nnodes: Optional[int] = None, node_rank: Optional[int] = None,
                master_addr: Optional[str] = None, master_port: Optional[int] = None,
+               quantization: Optional[str] = None, kv_cache_dtype: str = "auto",
+               max_logprobs: int = 20, generation_config: str = "auto",
                **unknown: Any) -> EngineConfig:
         """`enforce_eager` and `trust_remote_code` are accepted so vLLM call sites run unchanged:
         tandem always runs eagerly and only runs its own model code."""
@@ -215,6 +236,7 @@ class EngineConfig:
                                     master_port)
         model_config = ModelConfig.create(model, tokenizer, dtype, max_model_len, seed, revision,
                                           dev)
+        _check_weights_and_cache(model_config, quantization, kv_cache_dtype, max_logprobs)
         check_tp_size(model_config.hf_config, parallel.tensor_parallel_size,
                       "tensor_parallel_size", model)
         spec = None
@@ -234,4 +256,5 @@ class EngineConfig:
                             gpu_memory_utilization=gpu_memory_utilization,
                             kv_cache_memory_bytes=kv_cache_memory_bytes)
         return EngineConfig(model_config, cache, sched, parallel, dev, spec,
-                            log_stats=not disable_log_stats)
+                            log_stats=not disable_log_stats, max_logprobs=max_logprobs,
+                            generation_config=generation_config)

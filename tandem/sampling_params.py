@@ -11,9 +11,10 @@ import math
 from dataclasses import dataclass, field
 from typing import Optional, Union
 
+from tandem.sample.structured_params import StructuredOutputsParams
+
 # Below this a temperature is numerically unstable; vLLM clamps (0, 0.01) up to 0.01.
 _MIN_TEMPERATURE = 0.01
-MAX_LOGPROBS = 20
 MAX_N_SEQUENCES = 16384  # vLLM's VLLM_MAX_N_SEQUENCES default
 _INT64_MAX = 2**63 - 1
 
@@ -39,6 +40,7 @@ class SamplingParams:
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    structured_outputs: Optional[StructuredOutputsParams] = None  # (or a dict of its fields)
     # Filled by the engine: EOS plus generation-config stop ids, checked like stop_token_ids but
     # reported with stop_reason None (as vLLM does for EOS).
     _all_stop_token_ids: set[int] = field(default_factory=set, repr=False)
@@ -51,6 +53,8 @@ class SamplingParams:
         else:
             self.stop = list(self.stop)
         self.stop_token_ids = list(self.stop_token_ids or [])
+        if isinstance(self.structured_outputs, dict):
+            self.structured_outputs = StructuredOutputsParams.from_dict(self.structured_outputs)
         if self.top_k == -1:
             self.top_k = 0
         if 0 < self.temperature < _MIN_TEMPERATURE:
@@ -91,10 +95,10 @@ class SamplingParams:
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             raise ValueError(f"min_tokens must be less than or equal to max_tokens={self.max_tokens}, "
                              f"got {self.min_tokens}.")
-        for name in ("logprobs", "prompt_logprobs"):
+        for name in ("logprobs", "prompt_logprobs"):  # the engine's max_logprobs bounds them
             value = getattr(self, name)
-            if value is not None and not (value == -1 or 0 <= value <= MAX_LOGPROBS):
-                raise ValueError(f"{name} must be in [0, {MAX_LOGPROBS}] or -1, got {value}.")
+            if value is not None and not (value == -1 or 0 <= value <= _INT64_MAX):
+                raise ValueError(f"{name} must be non-negative or -1, got {value}.")
         if any(not s for s in self.stop):
             raise ValueError("stop cannot contain an empty string.")
         if any(not isinstance(t, int) or not 0 <= t <= _INT64_MAX for t in self.stop_token_ids):

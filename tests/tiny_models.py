@@ -4,7 +4,6 @@ Face model directory looks (config.json, model.safetensors, tokenizer files). No
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
@@ -29,11 +28,9 @@ schedule, and set up a quiet space. The capital of France is Paris. The capital 
 
 
 def _corpus_lines() -> list[str]:
-    lines = _CORPUS.splitlines()
-    prompts = Path(__file__).resolve().parents[2] / "shared" / "data" / "prompts.jsonl"
-    if prompts.exists():
-        lines += [json.loads(line)["prompt"] for line in prompts.read_text().splitlines() if line]
-    return lines * 4
+    """The tokenizers' training text: only what is written here, so every checkout (with or
+    without ../shared beside it) builds the same tiny models."""
+    return _CORPUS.splitlines() * 4
 
 
 def build_bytelevel_tokenizer(out_dir: Path, vocab_size: int = 384):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Optional, Union
+from typing import Any, Optional, Union
 
 import torch
 
@@ -80,6 +80,7 @@ class Request:
     draft_probs: Optional[torch.Tensor] = None                # [k, V] q of each draft, or None
     draft: DraftState = field(default_factory=DraftState)
     spec_stats: Optional[SpecDecodeRequestStats] = None
+    grammar: Optional[Any] = None     # a GrammarMatcher (structured outputs), or None
     logprobs: list[dict[int, Logprob]] = field(default_factory=list)
     prompt_logprobs: list[Optional[dict[int, Logprob]]] = field(default_factory=list)
     cumulative_logprob: float = 0.0

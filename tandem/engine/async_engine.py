@@ -70,6 +70,9 @@ class AsyncLLMEngine:
         self.tokenizer = engine.tokenizer
         self.max_model_len: int = engine.model_config.max_model_len
         self.vocab_size: int = engine.model_config.vocab_size
+        # Thread-safe, so the server compiles grammars in worker threads, off the engine's loop.
+        self.grammars = getattr(engine, "grammars", None)
+        self.sampling_defaults: dict = dict(getattr(engine, "sampling_defaults", {}) or {})
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
         self._stop = threading.Event()

@@ -28,9 +28,10 @@ class IncrementalDetokenizer:
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special)
 
-    def add_token(self, token_id: int) -> Optional[str]:
+    def add_token(self, token_id: int, stops_allowed: bool = True) -> Optional[str]:
         """Append one token; return the stop string if the text now contains one (the text is then
-        truncated at it)."""
+        truncated at it). Below min_tokens (`stops_allowed` False) stop strings are not looked
+        for, so the text stays whole."""
         self.tokens.append(token_id)
         prefix = self._decode(self.tokens[self.prefix_offset:self.read_offset])
         full = self._decode(self.tokens[self.prefix_offset:])
@@ -40,7 +41,7 @@ class IncrementalDetokenizer:
         self.prefix_offset, self.read_offset = self.read_offset, len(self.tokens)
         start = max(0, len(self.text) - self.hold)
         self.text += delta
-        return self._check_stop(start)
+        return self._check_stop(start) if stops_allowed else None
 
     def _check_stop(self, search_from: int) -> Optional[str]:
         best: Optional[tuple[int, str]] = None

@@ -15,21 +15,23 @@ import random
 import time
 from typing import Any, Optional, Union
 
-import torch
 
-from tandem.config import EngineConfig, ModelConfig
+from tandem.config import EngineConfig
 from tandem.core.kv_cache_manager import KVCacheManager
 from tandem.core.request import Request, RequestStatus
 from tandem.core.scheduler import Scheduler
 from tandem.engine.detokenizer import IncrementalDetokenizer
 from tandem.engine.engine_metrics import engine_metrics
 from tandem.engine.fault_isolation import execute_isolated, propose_isolated
+from tandem.engine.request_checks import check_logprobs, validate_prompt
 from tandem.engine.request_group import RequestGroup
 from tandem.engine.stop_checker import check_stop
 from tandem.distributed.executor import make_executor
+from tandem.loader.generation_config import sampling_defaults
 from tandem.loader.tokenizer import load_tokenizer
 from tandem.metrics import Metric, Vector
 from tandem.outputs import RequestOutput, SpecDecodeRequestStats
+from tandem.sample.grammar import GrammarCompiler, GrammarMatcher
 from tandem.sample.random import SeededRandom
 from tandem.sampling_params import SamplingParams
 from tandem.spec_decode.metrics import SpecDecodeMetrics
@@ -79,6 +81,8 @@ class LLMEngine:
         # Child sequences get ids of their own, never derived from the user's request id, so no
         # client-chosen id can collide with another request's sequence.
         self._seq_ids = itertools.count()
+        self.sampling_defaults = sampling_defaults(mc.model_dir, config.generation_config)
+        self.grammars = GrammarCompiler(self.tokenizer, mc.vocab_size)  # structured outputs
         self.eos_token_id = self.tokenizer.eos_token_id
         self._extra_stop_ids = self._config_eos_ids() - {self.eos_token_id}
         self.counters = {"prompt_tokens": 0, "generation_tokens": 0, "request_success": 0,
@@ -98,7 +102,7 @@ class LLMEngine:
                     params: Optional[SamplingParams] = None, final_only: bool = False) -> None:
         """Queue a request. Outputs are cumulative; with `final_only` the engine returns one only
         when the request has finished (cheaper for large `n`)."""
-        params = params.clone() if params is not None else SamplingParams()
+        params = params.clone() if params is not None else self.default_sampling_params()
         if request_id in self.parents:
             raise ValueError(f"Request id {request_id!r} is already in use.")
         if isinstance(prompt, str):
@@ -106,13 +110,16 @@ class LLMEngine:
             ids = self.tokenizer.encode(prompt) if prompt else []
         else:
             text, ids = None, [int(t) for t in prompt]
-        self._validate_prompt(ids)
+        validate_prompt(ids, self.model_config, self.config, self.num_blocks)
+        check_logprobs(params, self.config.max_logprobs, self.model_config.vocab_size)
         mc = self.model_config
         if params.max_tokens is None:
             params.max_tokens = max(1, mc.max_model_len - len(ids))
         params._all_stop_token_ids = set(params.stop_token_ids) | self._extra_stop_ids
+        grammar = (self.grammars.prototype(params.structured_outputs)
+                   if params.structured_outputs is not None else None)
         group = RequestGroup(request_id, text, ids, params, final_only,
-                             window=self.config.scheduler_config.max_num_seqs)
+                             window=self.config.scheduler_config.max_num_seqs, grammar=grammar)
         self.parents[request_id] = group
         self._spawn(group)
         self.counters["prompt_tokens"] += len(ids) * params.n
@@ -131,30 +138,17 @@ class LLMEngine:
                         prompt_token_ids=group.prompt_token_ids, params=params,
                         prompt=group.prompt, rng=self._random(params.seed),
                         eos_token_id=self.eos_token_id, parent_id=group.request_id, index=index,
-                        spec_stats=SpecDecodeRequestStats() if self.proposer else None)
+                        spec_stats=SpecDecodeRequestStats() if self.proposer else None,
+                        grammar=GrammarMatcher(group.grammar, self.model_config.vocab_size)
+                        if group.grammar is not None else None)
         group.detoks[child.request_id] = IncrementalDetokenizer(
             self.tokenizer, group.prompt_token_ids, params.stop,
             params.include_stop_str_in_output, params.skip_special_tokens)
         return child
 
-    def _validate_prompt(self, ids: list[int]) -> None:
-        mc = self.model_config
-        if not ids:
-            raise ValueError("The decoder prompt cannot be empty.")
-        bad = [t for t in ids if t < 0 or t >= mc.vocab_size]
-        if bad:
-            raise ValueError(f"Token id {bad[0]} is out of vocabulary (vocab size "
-                             f"{mc.vocab_size}).")
-        if len(ids) > mc.max_model_len:
-            raise ValueError(
-                f"The decoder prompt (length {len(ids)}) is longer than the maximum model length "
-                f"of {mc.max_model_len}. Make sure that `max_model_len` is no smaller than the "
-                "number of text tokens.")
-        bs = self.config.cache_config.block_size
-        need = -(-(len(ids) + 1 + self.config.scheduler_config.num_lookahead_tokens) // bs)
-        if need > self.num_blocks:
-            raise ValueError(f"The prompt ({len(ids)} tokens) needs {need} KV blocks but the "
-                             f"cache has only {self.num_blocks}; raise kv_cache_memory_bytes.")
+    def default_sampling_params(self) -> SamplingParams:
+        """SamplingParams with the model's generation-config defaults (vLLM's behaviour)."""
+        return SamplingParams(**self.sampling_defaults)
 
     def _random(self, seed: Optional[int]) -> SeededRandom:
         return SeededRandom(seed if seed is not None else self._rng.getrandbits(63))
@@ -238,6 +232,8 @@ class LLMEngine:
 
     def _on_token(self, req: Request, j: int, token: int, result: RunnerOutput) -> None:
         self.counters["generation_tokens"] += 1
+        if req.grammar is not None:
+            req.grammar.consume(token)
         lps = result.logprobs.get(req.request_id)
         if lps is not None:
             req.logprobs.append(lps[j])
@@ -251,10 +247,14 @@ class LLMEngine:
         token_stop = status is RequestStatus.FINISHED_STOPPED
         if not token_stop or req.params.include_stop_str_in_output:
             # The stop token itself is not part of the text (as in vLLM).
-            matched = parent.detoks[req.request_id].add_token(req.output_token_ids[-1])
-            if matched is not None and len(req.output_token_ids) >= req.params.min_tokens:
+            matched = parent.detoks[req.request_id].add_token(
+                req.output_token_ids[-1],
+                stops_allowed=len(req.output_token_ids) >= req.params.min_tokens)
+            if matched is not None:
                 req.stop_reason = matched
                 return RequestStatus.FINISHED_STOPPED
+        if status is None and req.grammar is not None and req.grammar.finished:
+            return RequestStatus.FINISHED_STOPPED  # the structured output is complete
         return status
 
     def _make_outputs(self, progressed: list[Request]) -> list[RequestOutput]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 from tandem.core.request import Request
 from tandem.engine.detokenizer import IncrementalDetokenizer
@@ -25,6 +25,7 @@ class RequestGroup:
     params: SamplingParams
     final_only: bool  # build an output only when every child is done (the offline API)
     window: int       # most children unfinished at once
+    grammar: Optional[Any] = None  # the compiled grammar of structured outputs (a prototype)
     children: list[Request] = field(default_factory=list)  # created so far, in index order
     detoks: dict[str, IncrementalDetokenizer] = field(default_factory=dict)
     num_finished: int = 0

@@ -6,6 +6,7 @@ maps to its own surface (a 400 on the server).
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -87,6 +88,19 @@ def _content_text(content: Any) -> str:
     raise ValueError(f"unsupported message content: {content!r}")
 
 
+def _template_tool_call(call: Any) -> Any:
+    """An earlier tool call as templates expect it: `arguments` as an object, not JSON text
+    (Qwen's and Hermes' templates serialise it themselves), as vLLM passes it."""
+    fn = call.get("function") if isinstance(call, Mapping) else None
+    if not isinstance(fn, Mapping) or not isinstance(fn.get("arguments"), str):
+        return call
+    try:
+        arguments = json.loads(fn["arguments"])
+    except json.JSONDecodeError:
+        return call
+    return {**call, "function": {**fn, "arguments": arguments}}
+
+
 def normalize_messages(messages: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Plain dicts with string content; other keys (name, tool_calls, ...) pass through."""
     out: list[dict[str, Any]] = []
@@ -95,6 +109,8 @@ def normalize_messages(messages: Iterable[Mapping[str, Any]]) -> list[dict[str, 
             raise ValueError(f"each message needs a 'role', got {message!r}")
         item = {k: v for k, v in message.items() if v is not None}
         item["content"] = _content_text(message.get("content"))
+        if isinstance(item.get("tool_calls"), list):
+            item["tool_calls"] = [_template_tool_call(c) for c in item["tool_calls"]]
         out.append(item)
     return out
 

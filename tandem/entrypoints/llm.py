@@ -35,13 +35,17 @@ class LLM:
     def get_tokenizer(self) -> Any:
         return self.llm_engine.tokenizer
 
+    def get_default_sampling_params(self) -> SamplingParams:
+        """The model's generation-config defaults (`generation_config="auto"`), as vLLM has it."""
+        return self.llm_engine.default_sampling_params()
+
     def generate(self, prompts: Union[PromptType, Sequence[PromptType]],
                  sampling_params: Union[None, SamplingParams, Sequence[SamplingParams]] = None,
                  use_tqdm: bool = True) -> list[RequestOutput]:
         """Outputs come back in input order."""
         prompt_list = _as_prompt_list(prompts)
         if sampling_params is None:
-            params_list = [SamplingParams()] * len(prompt_list)
+            params_list = [self.get_default_sampling_params()] * len(prompt_list)
         elif isinstance(sampling_params, SamplingParams):
             params_list = [sampling_params] * len(prompt_list)
         else:

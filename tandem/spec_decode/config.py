@@ -67,6 +67,7 @@ class SpeculativeConfig:
         if unknown:
             raise ValueError(f"Unknown key(s) {unknown} in speculative_config; supported keys: "
                              f"{allowed}.")
+        _check_types(raw)
         cfg = SpeculativeConfig(**raw)
         cfg._verify(parallel)
         return cfg._with_draft(target, device)
@@ -154,6 +155,18 @@ class SpeculativeConfig:
         return SpeculativeConfig(**{f.name: getattr(self, f.name) for f in fields(self)
                                     if f.name not in _DERIVED},
                                  draft_model_config=draft, uses_vocab_mapping=not same)
+
+
+# Keys whose values must be integers (JSON from a command line often quotes them: "5").
+_INT_KEYS = ("num_speculative_tokens", "draft_tensor_parallel_size", "max_model_len")
+
+
+def _check_types(raw: dict) -> None:
+    for key in _INT_KEYS:
+        value = raw.get(key)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+            raise ValueError(f"speculative_config['{key}'] must be an integer, got {value!r} "
+                             f"({type(value).__name__}).")
 
 
 def same_tokenizer(a: Any, b: Any) -> bool:

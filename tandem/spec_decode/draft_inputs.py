@@ -49,8 +49,12 @@ class SharedVocabDraft:
     def reserve(self, req: Request, num_positions: int, spare: int) -> bool:
         return True  # the scheduler's lookahead slots hold the draft's writes
 
-    def propose(self, logits: torch.Tensor, md: SamplingMetadata) -> Proposal:
+    def propose(self, logits: torch.Tensor, md: SamplingMetadata,
+                masks: Optional[torch.Tensor] = None) -> Proposal:
+        """`masks`: [B, V_target] bool, what structured outputs allow (None: everything)."""
         logits = _fit_vocab(logits, self.vocab_size)  # [B, V_target]
+        if masks is not None:
+            logits = logits.masked_fill(~masks.to(logits.device), float("-inf"))
         if not self.probabilistic or md.all_greedy:  # q would be one-hot at the argmax
             ids = logits.argmax(dim=-1)
             return ids, ids, None
@@ -91,12 +95,20 @@ class TLIDraft:
     def reserve(self, req: Request, num_positions: int, spare: int) -> bool:
         return self.kv.allocate_draft_slots(req.request_id, num_positions, spare)
 
-    def propose(self, logits: torch.Tensor, md: SamplingMetadata) -> Proposal:
-        """Draft only inside the intersection: greedy takes the argmax there; probabilistic
+    def propose(self, logits: torch.Tensor, md: SamplingMetadata,
+                masks: Optional[torch.Tensor] = None) -> Proposal:
+        """Draft only inside the intersection (and, with structured outputs, inside what the
+        grammar allows: `masks` [B, V_target]): greedy takes the argmax there; probabilistic
         samples the request's temperature/top-k/top-p distribution of the masked logits, and
         that exact distribution, placed in target ids (zero elsewhere), is q."""
         m = self.mapping
-        logits = logits[:, :m.draft_vocab_size].masked_fill(self.outside, float("-inf"))
+        outside = self.outside.unsqueeze(0)                               # [1, V_draft]
+        if masks is not None:  # a target id's permission, read through the twin map
+            masks = masks.to(logits.device)[:, m.draft_to_target.clamp(min=0)]  # [B, V_draft]
+            blocked = outside | ~masks
+            blocked[blocked.all(dim=-1)] = outside[0]  # nothing allowed: keep q a distribution
+            outside = blocked
+        logits = logits[:, :m.draft_vocab_size].masked_fill(outside, float("-inf"))
         if not self.probabilistic or md.all_greedy:  # q would be one-hot at the argmax
             draft_ids = logits.argmax(dim=-1)                         # [B]
             return draft_ids, m.draft_to_target[draft_ids], None

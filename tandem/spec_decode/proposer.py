@@ -9,7 +9,7 @@ reads (the target's tokens and blocks, or its own for a TLI draft) is the job of
 
 from __future__ import annotations
 
-from typing import Callable, Union
+from typing import Callable, Optional, Union
 
 import torch
 
@@ -85,39 +85,78 @@ class DraftProposer:
         logits = self.forward(batch, torch.tensor([last_rows[i] for i in drafting],
                                                   dtype=torch.long))
         computed = sum(batch.query_lens)
-        for r, _, e, _ in todo:
-            r.draft.num_computed_tokens = e
         if not drafting:
+            self._advance(todo)
             return computed
         active = [todo[i] for i in drafting]
         md = SamplingMetadata.from_params(
             [r.params for r, *_ in active], [r.output_token_ids for r, *_ in active],
             [r.prompt_token_ids for r, *_ in active], [r.rng for r, *_ in active],
             self.device)
-        drafts: list[list[int]] = [[] for _ in active]  # target ids
-        probs: list[list[torch.Tensor]] = [[] for _ in active]
-        feeds: list[list[int]] = [[] for _ in active]  # draft ids fed back (their KV written)
-        fed: list[int] = [0] * len(active)              # the last draft id, fed to the next step
-        for step in range(max(k for *_, k in active)):
-            if step > 0:
-                live = [i for i, (*_, k) in enumerate(active) if k > step]
-                for i in live:
-                    feeds[i].append(fed[i])
-                batch = make_batch([[fed[i]] for i in live],
-                                   [active[i][2] + step - 1 for i in live],
-                                   [active[i][1] for i in live], self.device)
-                logits = self.forward(batch, torch.arange(len(live), dtype=torch.long))
-                sub = md.select(live).shifted(step)  # drafting the token `step` places on
-            else:
-                live, sub = list(range(len(active))), md
-            draft_ids, target_ids, q = self.inputs.propose(logits, sub)
-            for j, (i, d, t) in enumerate(zip(live, draft_ids.tolist(), target_ids.tolist())):
-                drafts[i].append(t)
-                fed[i] = d
-                if q is not None:
-                    probs[i].append(q[j])
+        drafts, probs, feeds = self._draft(active, md, logits)
+        # State changes only now that everything succeeded: a retry after a failure (the
+        # engine's fault isolation) redoes the same work, with the same keyed randomness.
+        self._advance(todo)
         for i, (r, _, end, _) in enumerate(active):
             r.draft.written_at, r.draft.written_ids = end, feeds[i]
             r.spec_token_ids = drafts[i]
             r.draft_probs = torch.stack(probs[i]) if probs[i] else None
         return computed + sum(len(f) for f in feeds)
+
+    def _draft(self, active: list, md: SamplingMetadata, logits: torch.Tensor
+               ) -> tuple[list[list[int]], list[list[torch.Tensor]], list[list[int]]]:
+        """k steps of drafting; step 0 samples from the catch-up pass's `logits`. Returns per
+        request the drafts (target ids), their q rows, and the draft ids fed back (whose KV the
+        steps wrote)."""
+        drafts: list[list[int]] = [[] for _ in active]  # target ids
+        probs: list[list[torch.Tensor]] = [[] for _ in active]
+        feeds: list[list[int]] = [[] for _ in active]  # draft ids fed back (their KV written)
+        fed: list[int] = [0] * len(active)              # the last draft id, fed to the next step
+        grammars = [r.grammar for r, *_ in active]     # structured outputs walk with the drafts
+        walked = [0] * len(active)
+        try:
+            for step in range(max(k for *_, k in active)):
+                if step > 0:
+                    live = [i for i, (*_, k) in enumerate(active) if k > step]
+                    for i in live:
+                        feeds[i].append(fed[i])
+                    batch = make_batch([[fed[i]] for i in live],
+                                       [active[i][2] + step - 1 for i in live],
+                                       [active[i][1] for i in live], self.device)
+                    logits = self.forward(batch, torch.arange(len(live), dtype=torch.long))
+                    sub = md.select(live).shifted(step)  # drafting the token `step` places on
+                else:
+                    live, sub = list(range(len(active))), md
+                masks = _grammar_masks([grammars[i] for i in live])
+                draft_ids, target_ids, q = self.inputs.propose(logits, sub, masks)
+                for j, (i, d, t) in enumerate(zip(live, draft_ids.tolist(),
+                                                  target_ids.tolist())):
+                    drafts[i].append(t)
+                    fed[i] = d
+                    if q is not None:
+                        probs[i].append(q[j])
+                    if grammars[i] is not None and grammars[i].try_consume(t):
+                        walked[i] += 1
+        finally:
+            for grammar, n in zip(grammars, walked):
+                if grammar is not None:
+                    grammar.rollback(n)  # the grammar advances only on verified tokens
+        return drafts, probs, feeds
+
+    @staticmethod
+    def _advance(todo: list) -> None:
+        for r, _, end, _ in todo:
+            r.draft.num_computed_tokens = end
+
+
+def _grammar_masks(grammars: list) -> Optional[torch.Tensor]:
+    """[B, V_target] bool: what each row's grammar allows next (all True without one, or where
+    nothing is allowed, so the draft's q stays a distribution), or None without grammars."""
+    if all(g is None for g in grammars):
+        return None
+    rows = [g.allowed() if g is not None else None for g in grammars]
+    vocab = next(r.shape[0] for r in rows if r is not None)
+    masks = torch.stack([r if r is not None else torch.ones(vocab, dtype=torch.bool)
+                         for r in rows])
+    masks[~masks.any(dim=-1)] = True
+    return masks

@@ -102,6 +102,7 @@ class ModelRunner:
             return out
         logits = self.forward(batch, torch.tensor(rows, dtype=torch.long, device=self.device))
         logits = logits[:, :self.vocab_size]
+        logits = _apply_grammars(logits, sample_items)
         for s, first in prompt_lp_items:
             out.prompt_logprobs[s.request.request_id] = self._prompt_logprobs(s, logits, first)
         if sample_items:
@@ -161,6 +162,26 @@ class ModelRunner:
 
     def _token_text(self, token_id: int) -> str:
         return self.tokenizer.decode([token_id])
+
+
+def _apply_grammars(logits: torch.Tensor,
+                    items: list[tuple[ScheduledRequest, int]]) -> torch.Tensor:
+    """Structured outputs: each verified position's logits masked to what its grammar allows
+    after the drafts before it, before sampling and logprobs (the rejection sampler then sees
+    the masked target distribution, which it reproduces exactly)."""
+    if all(s.request.grammar is None for s, _ in items):
+        return logits
+    logits = logits.clone()  # [N, V]; the forward's output is an inference tensor
+    for s, first in items:
+        grammar = s.request.grammar
+        if grammar is None:
+            continue
+        masks = grammar.masks(s.spec_token_ids).to(logits.device)   # [k + 1, V]
+        if not bool(masks[0].any()):
+            raise ValueError("the grammar allows no next token")
+        rows = logits[first:first + masks.shape[0]]
+        rows.masked_fill_(~masks[:, :rows.shape[1]], float("-inf"))
+    return logits
 
 
 def _draft_probs(items: list[tuple[ScheduledRequest, int]], counts: list[int], vocab_size: int,

@@ -13,6 +13,7 @@ from typing import Any, Optional, Union
 
 from tandem.metrics import Metric
 from tandem.outputs import CompletionOutput, Logprob, RequestOutput, SpecDecodeRequestStats
+from tandem.engine.request_checks import check_logprobs
 from tandem.sampling_params import SamplingParams
 
 FIRST_REGULAR_ID = 3  # ids below are special tokens in the tiny byte-level tokenizer
@@ -73,6 +74,7 @@ class FakeEngine:
             raise ValueError("Token id out of vocabulary.")
         if len(ids) > self.model_config.max_model_len:
             raise ValueError(f"prompt length {len(ids)} > {self.model_config.max_model_len}")
+        check_logprobs(params, 20, self.vocab_size)  # the engine's --max-logprobs default
         blocks = -(-len(ids) // self.block_size) * params.n
         self.free_blocks -= blocks
         seed = params.seed if params.seed is not None else random.getrandbits(32)

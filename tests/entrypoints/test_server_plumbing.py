@@ -142,7 +142,8 @@ def test_unsupported_options_are_400_not_ignored(fake_server: Any) -> None:
 
     from tandem.sampling_params import SamplingParams
     unsupported = [{"suffix": "x"}, {"use_beam_search": True}, {"best_of": 3},
-                   {"response_format": {"type": "json_object"}}]
+                   {"response_format": {"type": "structural_tag"}}, {"length_penalty": 1.0},
+                   {"priority": 1}, {"guided_decoding_backend": "xgrammar"}]
     if "logit_bias" not in {f.name for f in dataclasses.fields(SamplingParams)}:
         unsupported.append({"logit_bias": {"5": 1.0}})  # until the sampler supports it
     for extra in unsupported:

@@ -88,8 +88,14 @@ def test_online_mode_falls_back_to_cache(hub_cache: Path, monkeypatch: pytest.Mo
         return real(repo_id, **kwargs)
 
     monkeypatch.setattr(huggingface_hub, "snapshot_download", fake_snapshot_download)
+    monkeypatch.setattr(model_source, "hub_reachable", lambda: True)  # the probe says the Hub answers
     assert resolve_model("org/tiny").model_dir == snapshot
     assert calls == [False, True]
+
+    monkeypatch.setattr(model_source, "hub_reachable", lambda: False)  # no route: the cache, at once
+    calls.clear()
+    assert resolve_model("org/tiny").model_dir == snapshot
+    assert calls == [True]
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # offline: the network is never tried
     calls.clear()

@@ -109,7 +109,7 @@ def test_the_draft_puts_mass_outside_the_intersection(pair, prompt):
     with torch.no_grad():
         logits = draft(torch.tensor([inputs.feedback.prompt(prompt)])).logits[0, -1]
     q = torch.softmax(logits / TEMPERATURE, dim=-1)
-    assert 0.2 < float(q[~inputs.mapping.draft_mask].sum()) < 0.9
+    assert 0.2 < float(q[~inputs.mapping.draft_mask].sum()) < 0.99
 
 
 @pytest.mark.parametrize("method", ["probabilistic", "greedy"])
@@ -119,7 +119,7 @@ def test_tli_samples_match_target_distribution(pair, prompt, exact, method):
     assert _pvalue(samples, exact) > ALPHA
 
 
-def _q_not_renormalised(self, logits, md):
+def _q_not_renormalised(self, logits, md, masks=None):
     """Planted: samples from the masked, renormalised distribution but reports q normalised
     over the draft's whole vocabulary."""
     m = self.mapping
@@ -130,7 +130,7 @@ def _q_not_renormalised(self, logits, md):
     return ids, m.draft_to_target[ids], _in_target_space(m, q_full)
 
 
-def _q_before_top_p(self, logits, md):
+def _q_before_top_p(self, logits, md, masks=None):
     """Planted: samples after top-p but reports q without top-p."""
     m = self.mapping
     logits = logits[:, :m.draft_vocab_size].masked_fill(self.outside, float("-inf"))

@@ -28,6 +28,7 @@ from tandem.entrypoints.openai.protocol import (ChatCompletionRequest, Completio
                                                 DetokenizeRequest, TokenizeRequest)
 from tandem.entrypoints.openai.serving_chat import OpenAIServingChat
 from tandem.entrypoints.openai.serving_completion import OpenAIServingCompletion
+from tandem.entrypoints.openai.serving_engine import ServingOptions
 from tandem.entrypoints.openai.serving_tokenization import OpenAIServingTokenization
 from tandem.metrics import Metric, to_prometheus
 
@@ -81,13 +82,14 @@ def render_metrics(metrics: Sequence[Any], model_name: str) -> str:
 def build_app(engine: AsyncLLMEngine, served_model_names: Sequence[str],
               chat_template: Optional[str] = None, api_keys: Optional[Sequence[str]] = None,
               model_root: Optional[str] = None, launch_time: Optional[float] = None,
-              trust_request_chat_template: bool = False) -> Any:
+              trust_request_chat_template: bool = False,
+              options: Optional[ServingOptions] = None) -> Any:
     """The ASGI app: the FastAPI app wrapped in our middleware (each wrapper's `.app` is the
     next one in)."""
     names = list(served_model_names)
     completion = OpenAIServingCompletion(engine, names, chat_template,
-                                         trust_request_chat_template)
-    chat = OpenAIServingChat(engine, names, chat_template, trust_request_chat_template)
+                                         trust_request_chat_template, options)
+    chat = OpenAIServingChat(engine, names, chat_template, trust_request_chat_template, options)
     tokenization = OpenAIServingTokenization(engine, names, chat_template)
     created = int(time.time())
     root = model_root or names[0]
@@ -189,12 +191,18 @@ def _make_server(config: Any, engine: AsyncLLMEngine) -> Any:
 
 
 def run_server(args: argparse.Namespace, engine: AsyncLLMEngine, chat_template: Optional[str],
-               launch_time: float) -> None:
+               launch_time: float, sock: Any = None) -> None:
     import uvicorn
 
+    options = ServingOptions(response_role=args.response_role,
+                             return_tokens_as_token_ids=args.return_tokens_as_token_ids,
+                             log_requests=args.enable_log_requests,
+                             enable_auto_tool_choice=args.enable_auto_tool_choice,
+                             tool_call_parser=args.tool_call_parser)
     app = build_app(engine, args.served_model_name, chat_template, args.api_key,
                     model_root=args.model, launch_time=launch_time,
-                    trust_request_chat_template=args.trust_request_chat_template)
+                    trust_request_chat_template=args.trust_request_chat_template,
+                    options=options)
     config = uvicorn.Config(app, host=args.host or "0.0.0.0", port=args.port,
                             log_level=args.uvicorn_log_level,
                             access_log=not args.disable_uvicorn_access_log,
@@ -208,7 +216,7 @@ def run_server(args: argparse.Namespace, engine: AsyncLLMEngine, chat_template: 
         server.should_exit = True
 
     engine.on_dead = on_dead
-    server.run()
+    server.run(sockets=[sock] if sock is not None else None)
     if died:
         logger.critical("tandem serve stopped: the engine loop died")
         sys.exit(1)

@@ -125,13 +125,37 @@ def _extract_dotted(argv: list[str], prefix: str) -> tuple[list[str], dict[str, 
     return rest, found
 
 
+SPEC_KEYS_HELP = """\
+--speculative-config keys (JSON, vLLM's names; or --speculative-config.KEY VALUE):
+  model                         the draft model (directory, Hub id or GGUF file); required
+  num_speculative_tokens        draft tokens per step, 1..128; required
+  method                        "draft_model" (the default and only method)
+  draft_sample_method           "greedy" (default) or "probabilistic"
+  draft_tensor_parallel_size    1 (the draft beside rank 0) or the target's -tp
+  max_model_len                 the draft's context; drafting stops past it
+  revision                      the draft's revision on the Hub
+  use_heterogeneous_vocab       true: a draft with another tokenizer (Token-Level Intersection)
+  heterogeneous_vocab_feedback  "reencode" (default) or "unk": how target tokens the draft's
+                                vocabulary lacks reach the draft
+"""
+
+
 def make_serve_parser(parser: Optional[argparse.ArgumentParser] = None) -> argparse.ArgumentParser:
-    p = parser or argparse.ArgumentParser(prog="tandem serve")
-    p.add_argument("model_tag", metavar="MODEL", help="HF model directory, Hub id or GGUF file")
-    p.add_argument("--model", dest="model_flag", default=None, help=argparse.SUPPRESS)
+    from tandem.entrypoints.openai.serve_flags import add_compat_flags
+
+    p = parser or argparse.ArgumentParser(
+        prog="tandem serve", epilog=SPEC_KEYS_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Start the OpenAI-compatible server. Flags follow `vllm serve` (hyphens or "
+                    "underscores; --config FILE reads them from YAML).")
+    p.add_argument("model_tag", metavar="MODEL", nargs="?", default=None,
+                   help="HF model directory, Hub id or GGUF file (or --model)")
+    p.add_argument("--model", dest="model_flag", default=None, help="the model, as a flag")
+    p.add_argument("--config", default=None,
+                   help="a YAML file of flag names and values; the command line overrides it")
     p.add_argument("--host", default=None, help="address to bind (default: all interfaces)")
-    p.add_argument("--port", type=int, default=DEFAULT_PORT)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--port", type=int, default=DEFAULT_PORT, help="port to bind (8000)")
+    p.add_argument("--seed", type=int, default=0, help="seed of unseeded requests' randomness")
     p.add_argument("-tp", "--tensor-parallel-size", type=int, default=1,
                    help="shard the target across this many ranks (worker processes)")
     p.add_argument("--nnodes", type=int, default=None,
@@ -144,22 +168,47 @@ def make_serve_parser(parser: Optional[argparse.ArgumentParser] = None) -> argpa
                    help="rendezvous port (default: MASTER_PORT, or a free port on one node)")
     p.add_argument("--max-model-len", type=parse_max_model_len, default=None,
                    help="context length: 2048, 1k, 1K, 25.6k, -1 or auto")
-    p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.9,
+                   help="share of GPU memory for weights and KV cache (CUDA only)")
     p.add_argument("--kv-cache-memory-bytes", type=parse_bytes, default=None,
                    help="KV cache size in bytes (4G, 512M, ...); the CPU default is 4 GiB")
+    p.add_argument("--kv-cache-dtype", default="auto",
+                   help="KV cache element type: auto (the model's dtype) is the one supported")
+    p.add_argument("--block-size", type=int, default=16, choices=[1, 8, 16, 32, 64, 128],
+                   help="tokens per KV cache block")
+    p.add_argument("-q", "--quantization", default=None,
+                   help="weights' quantization: gguf (dequantized to --dtype at load) or none")
     p.add_argument("-sc", "--speculative-config", default=None,
-                   help='JSON, e.g. \'{"model": "DRAFT", "num_speculative_tokens": 5}\'')
+                   help='JSON, e.g. \'{"model": "DRAFT", "num_speculative_tokens": 5}\' '
+                        '(keys below)')
     p.add_argument("--served-model-name", nargs="+", default=None,
                    help="one or more names for the API; the first is reported")
-    p.add_argument("--tokenizer", default=None)
-    p.add_argument("--revision", default=None)
+    p.add_argument("--tokenizer", default=None, help="tokenizer name or path (default: the model)")
+    p.add_argument("--revision", default=None, help="model revision on the Hub")
     p.add_argument("--dtype", default="auto",
-                   choices=["auto", "half", "float16", "bfloat16", "float", "float32"])
-    p.add_argument("--max-num-seqs", type=int, default=None)
-    p.add_argument("--max-num-batched-tokens", type=int, default=None)
+                   choices=["auto", "half", "float16", "bfloat16", "float", "float32"],
+                   help="weight and activation dtype (auto: float32 on CPU)")
+    p.add_argument("--max-num-seqs", type=int, default=None,
+                   help="most sequences in a batch (256)")
+    p.add_argument("--max-num-batched-tokens", type=int, default=None,
+                   help="token budget of one step")
     p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
-                   default=True)
-    p.add_argument("--device", default="auto")
+                   default=True, help="reuse KV blocks of shared prompt prefixes (on)")
+    p.add_argument("--device", default="auto", help="auto, cpu or cuda[:N]")
+    p.add_argument("--generation-config", default="auto",
+                   help="defaults for omitted sampling fields: auto (the model's "
+                        "generation_config.json), vllm (none), or a folder holding one")
+    p.add_argument("--max-logprobs", type=int, default=20,
+                   help="most logprobs a request may ask for per token (20)")
+    p.add_argument("--response-role", default="assistant",
+                   help="the role of chat completions' messages (assistant)")
+    p.add_argument("--return-tokens-as-token-ids", action="store_true",
+                   help='logprob tokens as "token_id:N" (for tokens that are not valid text)')
+    p.add_argument("--enable-auto-tool-choice", action="store_true",
+                   help='let the model call tools (tool_choice "auto"); needs --tool-call-parser')
+    p.add_argument("--tool-call-parser", default=None,
+                   help="how tool calls are read from the model's text: hermes (the "
+                        "<tool_call> JSON format of Hermes, Qwen2.5/3 and SmolLM3 templates)")
     p.add_argument("--api-key", nargs="+", default=None,
                    help="required bearer key(s); also TANDEM_API_KEY or VLLM_API_KEY")
     p.add_argument("--chat-template", default=None, help="a Jinja file path or inline template")
@@ -168,10 +217,18 @@ def make_serve_parser(parser: Optional[argparse.ArgumentParser] = None) -> argpa
                         "sandbox under a time limit); refused otherwise")
     p.add_argument("--shutdown-timeout", type=float, default=10.0,
                    help="seconds requests in flight may take to finish after SIGTERM")
+    p.add_argument("--enable-log-requests", action=argparse.BooleanOptionalAction,
+                   default=False, help="log every request's id, prompt length and parameters")
+    p.add_argument("--disable-log-requests", action="store_true",
+                   help="do not log requests (the default; kept for older vLLM commands)")
     p.add_argument("--uvicorn-log-level", default="info",
-                   choices=["critical", "error", "warning", "info", "debug", "trace"])
-    p.add_argument("--disable-log-stats", action="store_true")
-    p.add_argument("--disable-uvicorn-access-log", action="store_true")
+                   choices=["critical", "error", "warning", "info", "debug", "trace"],
+                   help="uvicorn's log level")
+    p.add_argument("--disable-log-stats", action="store_true",
+                   help="no periodic engine statistics in the log")
+    p.add_argument("--disable-uvicorn-access-log", action="store_true",
+                   help="no access log line per HTTP request")
+    add_compat_flags(p)
     for flag in REMOVED_SPEC_FLAGS:
         p.add_argument(flag, default=None, help=argparse.SUPPRESS)
     return p
@@ -194,9 +251,24 @@ def _removed_flags_message(args: argparse.Namespace, spec: Optional[dict]) -> Op
 
 def parse_serve_args(argv: Sequence[str]) -> argparse.Namespace:
     """Parse `tandem serve` arguments. Raises ArgumentError for errors we explain in one line."""
+    from tandem.entrypoints.openai.serve_flags import check_compat_flags, config_file_args
+
+    try:
+        argv = config_file_args(normalize_argv(argv))
+    except ValueError as e:
+        raise ArgumentError(str(e)) from None
     normalized, dotted = _extract_dotted(normalize_argv(argv), "--speculative-config")
     args = make_serve_parser().parse_args(normalized)
     args.model = args.model_flag or args.model_tag
+    if not args.model:
+        raise ArgumentError("a model is required: tandem serve MODEL (or --model MODEL)")
+    try:
+        args.compat_notes = check_compat_flags(args)
+    except ValueError as e:
+        raise ArgumentError(str(e)) from None
+    if args.disable_log_requests:
+        args.enable_log_requests = False
+    _check_tool_flags(args)
     args.speculative_config = parse_speculative_config(args.speculative_config, dotted)
     message = _removed_flags_message(args, args.speculative_config)
     if message:
@@ -208,6 +280,16 @@ def parse_serve_args(argv: Sequence[str]) -> argparse.Namespace:
     return args
 
 
+def _check_tool_flags(args: argparse.Namespace) -> None:
+    from tandem.entrypoints.openai.tool_parsers import TOOL_PARSERS
+
+    if args.tool_call_parser is not None and args.tool_call_parser not in TOOL_PARSERS:
+        raise ArgumentError(f"invalid tool call parser: {args.tool_call_parser} (choose from "
+                            f"{{ {', '.join(sorted(TOOL_PARSERS))} }})")
+    if args.enable_auto_tool_choice and args.tool_call_parser is None:
+        raise ArgumentError("--enable-auto-tool-choice requires --tool-call-parser")
+
+
 def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     """The keyword arguments `LLMEngine.from_kwargs` (and `tandem.LLM`) take."""
     return dict(model=args.model, tokenizer=args.tokenizer, dtype=args.dtype, seed=args.seed,
@@ -215,9 +297,13 @@ def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
                 nnodes=args.nnodes, node_rank=args.node_rank, master_addr=args.master_addr,
                 master_port=args.master_port,
                 gpu_memory_utilization=args.gpu_memory_utilization,
-                kv_cache_memory_bytes=args.kv_cache_memory_bytes, max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+                kv_cache_memory_bytes=args.kv_cache_memory_bytes, max_num_seqs=args.max_num_seqs,
+                max_num_batched_tokens=args.max_num_batched_tokens,
                 enable_prefix_caching=args.enable_prefix_caching, device=args.device,
-                speculative_config=args.speculative_config, revision=args.revision)
+                speculative_config=args.speculative_config, revision=args.revision,
+                block_size=args.block_size, quantization=args.quantization,
+                kv_cache_dtype=args.kv_cache_dtype, max_logprobs=args.max_logprobs,
+                generation_config=args.generation_config)
 
 
 def one_line(error: BaseException) -> str:

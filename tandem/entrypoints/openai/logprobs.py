@@ -26,6 +26,24 @@ def clamp(value: Optional[float]) -> Optional[float]:
     return float(value)
 
 
+def token_id_text(token_id: int) -> str:
+    """vLLM's return_tokens_as_token_ids spelling (for tokens that are no valid text alone)."""
+    return f"token_id:{token_id}"
+
+
+def prompt_logprobs_json(tokenizer: Any, logprobs: Optional[Sequence[PositionLogprobs]],
+                         as_token_ids: bool = False) -> Optional[list]:
+    """vLLM's `prompt_logprobs`: per prompt position, None or {token id: {logprob, rank,
+    decoded_token}}."""
+    if logprobs is None:
+        return None
+    return [None if entry is None else {
+        str(tid): {"logprob": clamp(lp.logprob), "rank": lp.rank,
+                   "decoded_token": token_id_text(tid) if as_token_ids
+                   else token_text(tokenizer, tid, lp)}
+        for tid, lp in _by_rank(entry)} for entry in logprobs]
+
+
 def token_text(tokenizer: Any, token_id: int, lp: Optional[Logprob] = None) -> str:
     if lp is not None and lp.decoded_token is not None:
         return lp.decoded_token
@@ -55,9 +73,11 @@ class CompletionLogprobs:
     """Accumulates the legacy format; `text_offset` continues across calls, so streamed chunks
     get the same offsets as one non-streamed response."""
 
-    def __init__(self, tokenizer: Any, initial_offset: int = 0) -> None:
+    def __init__(self, tokenizer: Any, initial_offset: int = 0,
+                 as_token_ids: bool = False) -> None:
         self.tokenizer = tokenizer
         self.offset = initial_offset
+        self.as_token_ids = as_token_ids
 
     def build(self, token_ids: Sequence[int],
               logprobs: Sequence[PositionLogprobs]) -> dict[str, list]:
@@ -70,9 +90,12 @@ class CompletionLogprobs:
             keys = _unique_keys(self.tokenizer, ranked)
             # The chosen token is spelled as in top_logprobs, so clients can compare the two.
             text = keys.get(token_id) or token_text(self.tokenizer, token_id, chosen)
-            out["tokens"].append(text)
             out["text_offset"].append(self.offset)
             self.offset += len(text)
+            if self.as_token_ids:
+                keys = {tid: token_id_text(tid) for tid in keys}
+                text = token_id_text(token_id)
+            out["tokens"].append(text)
             if entry is None:
                 out["token_logprobs"].append(None)
                 out["top_logprobs"].append(None)
@@ -92,16 +115,16 @@ def merge_completion_logprobs(parts: Sequence[dict[str, list]]) -> dict[str, lis
 
 
 def chat_logprobs(tokenizer: Any, token_ids: Sequence[int], logprobs: Sequence[PositionLogprobs],
-                  top_logprobs: int) -> list[dict[str, Any]]:
+                  top_logprobs: int, as_token_ids: bool = False) -> list[dict[str, Any]]:
     """The `content` list of a chat choice's logprobs; exactly `top_logprobs` alternatives."""
     content: list[dict[str, Any]] = []
     for i, token_id in enumerate(token_ids):
         entry = (logprobs[i] if i < len(logprobs) else None) or {}
         chosen = entry.get(token_id)
-        text = token_text(tokenizer, token_id, chosen)
+        text = token_id_text(token_id) if as_token_ids else token_text(tokenizer, token_id, chosen)
         alternatives = []
         for tid, lp in _by_rank(entry)[:top_logprobs]:
-            alt = token_text(tokenizer, tid, lp)
+            alt = token_id_text(tid) if as_token_ids else token_text(tokenizer, tid, lp)
             alternatives.append({"token": alt, "logprob": clamp(lp.logprob),
                                  "bytes": list(alt.encode("utf-8"))})
         content.append({"token": text,

@@ -1,7 +1,8 @@
 """Pydantic request models of the OpenAI-compatible API (OpenAI's fields plus vLLM's extensions).
 
-Unknown fields are accepted and ignored, as vLLM does, so clients that send newer OpenAI fields
-keep working. Responses are built as plain dicts by the serving modules.
+Unknown fields are kept by the models (`model_extra`); the serving code answers 400 naming them,
+except OpenAI's fields that change nothing here, which are logged (request_params.py). Responses
+are built as plain dicts by the serving modules.
 
 JSON may escape a lone UTF-16 surrogate (`"\\ud800"`), which decodes to a Python string that no
 tokenizer, and no UTF-8 encoder, accepts: every request body is checked for them first, and one
@@ -12,9 +13,8 @@ from __future__ import annotations
 
 from typing import Any, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from tandem.sampling_params import MAX_LOGPROBS
 
 Prompt = Union[str, list[str], list[int], list[list[int]]]
 
@@ -64,8 +64,16 @@ class StreamOptions(OpenAIBaseModel):
     continuous_usage_stats: Optional[bool] = False
 
 
+class JsonSchemaFormat(OpenAIBaseModel):
+    name: Optional[str] = None
+    description: Optional[str] = None
+    schema_: Optional[dict[str, Any]] = Field(default=None, alias="schema")
+    strict: Optional[bool] = None
+
+
 class ResponseFormat(OpenAIBaseModel):
-    type: str = "text"
+    type: str = "text"  # text | json_object | json_schema
+    json_schema: Optional[JsonSchemaFormat] = None
 
 
 class SamplingFields(OpenAIBaseModel):
@@ -99,6 +107,16 @@ class SamplingFields(OpenAIBaseModel):
     allowed_token_ids: Optional[list[int]] = None
     bad_words: Optional[list[str]] = None
     request_id: Optional[str] = None
+    # structured outputs (vLLM), and vLLM's older guided_* spellings of the same
+    structured_outputs: Optional[dict[str, Any]] = None
+    guided_json: Optional[Union[str, dict[str, Any]]] = None
+    guided_regex: Optional[str] = None
+    guided_choice: Optional[list[str]] = None
+    guided_grammar: Optional[str] = None
+    guided_decoding_backend: Optional[str] = None
+    guided_whitespace_pattern: Optional[str] = None
+    return_tokens_as_token_ids: Optional[bool] = None
+    truncate_prompt_tokens: Optional[int] = None
 
     @model_validator(mode="after")
     def _check_stream_options(self) -> SamplingFields:
@@ -123,10 +141,8 @@ class CompletionRequest(SamplingFields):
 
     @model_validator(mode="after")
     def _check_logprobs(self) -> CompletionRequest:
-        if self.logprobs is not None and not (self.logprobs == -1
-                                              or 0 <= self.logprobs <= MAX_LOGPROBS):
-            raise ValueError(f"logprobs must be between 0 and {MAX_LOGPROBS} (or -1), "
-                             f"got {self.logprobs}")
+        if self.logprobs is not None and not (self.logprobs == -1 or self.logprobs >= 0):
+            raise ValueError(f"logprobs must be non-negative or -1, got {self.logprobs}")
         return self
 
 
@@ -134,6 +150,8 @@ class ChatMessage(OpenAIBaseModel):
     role: str
     content: Optional[Union[str, list[dict[str, Any]]]] = None
     name: Optional[str] = None
+    tool_calls: Optional[list[dict[str, Any]]] = None   # an assistant's earlier calls
+    tool_call_id: Optional[str] = None                  # a tool result's call
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -155,9 +173,9 @@ class ChatCompletionRequest(SamplingFields):
     @model_validator(mode="after")
     def _check_logprobs(self) -> ChatCompletionRequest:
         if self.top_logprobs is not None:
-            if not 0 <= self.top_logprobs <= MAX_LOGPROBS:
-                raise ValueError(f"top_logprobs must be between 0 and {MAX_LOGPROBS}, "
-                                 f"got {self.top_logprobs}")
+            if not (self.top_logprobs == -1 or self.top_logprobs >= 0):
+                raise ValueError(f"top_logprobs must be non-negative or -1, got "
+                                 f"{self.top_logprobs}")
             if not self.logprobs and self.top_logprobs > 0:
                 raise ValueError("when using `top_logprobs`, `logprobs` must be set to true")
         return self

@@ -11,14 +11,14 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from tandem.entrypoints.chat_utils import apply_chat_template, run_with_time_limit
 from tandem.entrypoints.openai.errors import OpenAIError, sse_error
-from tandem.entrypoints.openai.logprobs import chat_logprobs
+from tandem.entrypoints.openai.logprobs import chat_logprobs, prompt_logprobs_json
 from tandem.entrypoints.openai.protocol import ChatCompletionRequest
 from tandem.entrypoints.openai.serving_engine import (OpenAIServing, now, random_id,
                                                       spec_metrics, usage)
 from tandem.entrypoints.openai.sse import DONE, HEADERS, MEDIA_TYPE, sse_event
+from tandem.entrypoints.openai.tool_choice import ChoiceTools, ToolPlan, plan_tools
 from tandem.outputs import CompletionOutput, RequestOutput
 
-ROLE = "assistant"
 REQUEST_TEMPLATE_TIME_LIMIT_S = 2.0  # a template sent with a request renders for at most this
 UNTRUSTED_TEMPLATE = ("Chat template is passed with request, but --trust-request-chat-template "
                       "is not set. Refused request with untrusted chat template.")
@@ -26,15 +26,15 @@ UNTRUSTED_TEMPLATE = ("Chat template is passed with request, but --trust-request
 
 class OpenAIServingChat(OpenAIServing):
 
-    async def render(self, request: ChatCompletionRequest) -> str:
+    async def render(self, request: ChatCompletionRequest, tools: Optional[ToolPlan]) -> str:
         """Messages to prompt text in a worker thread; a template sent with the request needs
         --trust-request-chat-template and renders under a time limit."""
         kwargs = dict(request.chat_template_kwargs or {})
         request_template = request.chat_template or kwargs.pop("chat_template", None)
         if request_template is not None and not self.trust_request_chat_template:
             raise OpenAIError(UNTRUSTED_TEMPLATE, param="chat_template")
-        if request.tools:
-            kwargs.setdefault("tools", request.tools)
+        if tools is not None:
+            kwargs.setdefault("tools", tools.tools)
         messages = [m.model_dump(exclude_none=True) for m in request.messages]
         render = functools.partial(
             apply_chat_template, self.tokenizer, messages, request_template or self.chat_template,
@@ -51,35 +51,50 @@ class OpenAIServingChat(OpenAIServing):
         model = self.check_model(request.model)
         if not request.messages:
             raise OpenAIError("messages must not be empty", param="messages")
-        prompt = await self.render(request)
-        ids = await self.encode(prompt, request.add_special_tokens)
+        tools = plan_tools(request.tools, request.tool_choice,
+                           self.options.enable_auto_tool_choice, self.options.tool_call_parser)
+        prompt = await self.render(request, tools)
+        ids = self.truncate(await self.encode(prompt, request.add_special_tokens), request)
         max_tokens = self.check_length(len(ids), request.requested_max_tokens, what="messages")
         logprobs = (request.top_logprobs or 0) if request.logprobs else None
-        params = self.sampling_params(request, max_tokens, logprobs, request.prompt_logprobs)
+        params = self.sampling_params(request, max_tokens, logprobs, request.prompt_logprobs,
+                                      tool_structured=tools.structured if tools else None)
+        if tools is not None and tools.mode == "auto" and params.skip_special_tokens \
+                and self._tool_tags_are_special():
+            params.skip_special_tokens = False  # the parser must see <tool_call> (as vLLM)
         response_id = request.request_id or random_id("chatcmpl")
+        await self.compile_grammar(params.structured_outputs)
         started = await self.start([(ids, params)])
-        assembler = _ChatAssembler(self, request, model, response_id, len(ids))
+        assembler = _ChatAssembler(self, request, model, response_id, len(ids), tools)
         if request.stream:
             return StreamingResponse(assembler.events(self.merge(started)),
                                      media_type=MEDIA_TYPE, headers=HEADERS)
         return JSONResponse(await assembler.full(self.merge(started)))
 
 
+    def _tool_tags_are_special(self) -> bool:
+        added = getattr(self.tokenizer, "get_added_vocab", lambda: {})()
+        return "<tool_call>" in added
+
+
 class _ChatAssembler:
     def __init__(self, serving: OpenAIServing, request: ChatCompletionRequest, model: str,
-                 response_id: str, prompt_tokens: int) -> None:
+                 response_id: str, prompt_tokens: int, tools: Optional[ToolPlan]) -> None:
         self.s = serving
+        self.tools = tools
+        self._tool_states: dict[int, ChoiceTools] = {}
         self.request = request
         self.model = model
         self.id = response_id
         self.created = now()
         self.prompt_tokens = prompt_tokens
+        self.role = serving.options.response_role  # --response-role
         self.echo_prefix = self._echo_prefix()
 
     def _echo_prefix(self) -> str:
         """With echo (vLLM extension), a final assistant message being continued is repeated."""
         last = self.request.messages[-1]
-        if not self.request.echo or last.role != ROLE:
+        if not self.request.echo or last.role != self.role:
             return ""
         content = last.content
         if isinstance(content, list):
@@ -91,23 +106,49 @@ class _ChatAssembler:
             return None
         return {"content": chat_logprobs(self.s.tokenizer, o.token_ids[start:],
                                          (o.logprobs or [])[start:],
-                                         self.request.top_logprobs or 0)}
+                                         self.request.top_logprobs or 0,
+                                         self.s.token_ids_as_text(self.request))}
 
     async def full(self, outputs: AsyncIterator[tuple[int, RequestOutput]]) -> dict[str, Any]:
         final: Optional[RequestOutput] = None
         async for _, out in outputs:
             final = out
         assert final is not None
-        choices = [{"index": o.index,
-                    "message": {"role": ROLE, "content": self.echo_prefix + o.text},
-                    "logprobs": self._logprobs(o, 0), "finish_reason": o.finish_reason,
-                    "stop_reason": o.stop_reason}
-                   for o in sorted(final.outputs, key=lambda c: c.index)]
+        choices = [self._full_choice(o) for o in sorted(final.outputs, key=lambda c: c.index)]
         completion_tokens = sum(len(o.token_ids) for o in final.outputs)
-        return {"id": self.id, "object": "chat.completion", "created": self.created,
+        body = {"id": self.id, "object": "chat.completion", "created": self.created,
                 "model": self.model, "choices": choices,
                 "usage": usage(self.prompt_tokens, completion_tokens),
                 "metrics": spec_metrics([final])}
+        if self.request.prompt_logprobs is not None:
+            body["prompt_logprobs"] = prompt_logprobs_json(
+                self.s.tokenizer, final.prompt_logprobs, self.s.token_ids_as_text(self.request))
+        return body
+
+    def _full_choice(self, o: CompletionOutput) -> dict[str, Any]:
+        message: dict[str, Any] = {"role": self.role, "content": self.echo_prefix + o.text}
+        finish_reason = o.finish_reason
+        if self.tools is not None:
+            state = self.tools.choice_state()
+            content, calls = state.message(o.text)
+            message["content"] = (self.echo_prefix + content) if content is not None \
+                else (self.echo_prefix or None)
+            message["tool_calls"] = calls
+            finish_reason = state.finish_reason(finish_reason)
+        return {"index": o.index, "message": message, "logprobs": self._logprobs(o, 0),
+                "finish_reason": finish_reason, "stop_reason": o.stop_reason}
+
+    def _delta(self, index: int, text: str, finished: bool) -> dict[str, Any]:
+        """The delta of new text; with tools, what the choice's tool state lets out."""
+        if self.tools is None:
+            return {"content": text} if text else {}
+        state = self._tool_states.setdefault(index, self.tools.choice_state())
+        delta = state.feed(text)
+        if finished:
+            for key, value in state.finish().items():
+                delta[key] = (delta.get(key, "") + value if key == "content"
+                              else delta.get(key, []) + value)
+        return delta
 
     def _chunk(self, choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
         return {"id": self.id, "object": "chat.completion.chunk", "created": self.created,
@@ -127,7 +168,7 @@ class _ChatAssembler:
             # Every choice opens with its role, as OpenAI streams it.
             for index in range(n):
                 yield sse_event(self._chunk([{"index": index,
-                                              "delta": {"role": ROLE, "content": ""},
+                                              "delta": {"role": self.role, "content": ""},
                                               "logprobs": None, "finish_reason": None}]))
             async for _, out in outputs:
                 final = out
@@ -140,11 +181,17 @@ class _ChatAssembler:
                         text = self.echo_prefix + text
                     if not text and o.finish_reason is None:
                         continue  # text held back while a stop string may be forming
-                    start = sent_tokens.get(o.index, 0)
-                    choice = {"index": o.index, "delta": {"content": text} if text else {},
-                              "logprobs": self._logprobs(o, start),
-                              "finish_reason": o.finish_reason, "stop_reason": o.stop_reason}
+                    delta = self._delta(o.index, text, o.finish_reason is not None)
                     sent_text[o.index] = len(o.text)
+                    if not delta and o.finish_reason is None:
+                        continue  # held back by the tool parser (logprobs ride the next chunk)
+                    start = sent_tokens.get(o.index, 0)
+                    finish_reason = o.finish_reason
+                    if self.tools is not None:
+                        finish_reason = self._tool_states[o.index].finish_reason(finish_reason)
+                    choice = {"index": o.index, "delta": delta,
+                              "logprobs": self._logprobs(o, start),
+                              "finish_reason": finish_reason, "stop_reason": o.stop_reason}
                     sent_tokens[o.index] = len(o.token_ids)
                     extra: dict[str, Any] = {}
                     if o.finish_reason is not None:

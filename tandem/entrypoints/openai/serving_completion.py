@@ -13,7 +13,8 @@ from typing import Any, AsyncIterator, Optional, Union
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from tandem.entrypoints.openai.errors import OpenAIError, sse_error
-from tandem.entrypoints.openai.logprobs import CompletionLogprobs, merge_completion_logprobs
+from tandem.entrypoints.openai.logprobs import (CompletionLogprobs, merge_completion_logprobs,
+                                                prompt_logprobs_json)
 from tandem.entrypoints.openai.protocol import CompletionRequest
 from tandem.entrypoints.openai.serving_engine import (OpenAIServing, now, random_id,
                                                       spec_metrics, usage)
@@ -38,10 +39,11 @@ class OpenAIServingCompletion(OpenAIServing):
         out: list[PromptInput] = []
         for item in items:
             if isinstance(item, str):
-                out.append((item, await self.encode(item, request.add_special_tokens)))
+                ids = self.truncate(await self.encode(item, request.add_special_tokens), request)
             else:
-                ids = self.check_token_ids(item)
-                out.append((await asyncio.to_thread(self.tokenizer.decode, ids), ids))
+                ids = self.truncate(self.check_token_ids(item), request)
+            out.append((item if isinstance(item, str) and request.truncate_prompt_tokens is None
+                        else await asyncio.to_thread(self.tokenizer.decode, ids), ids))
         return out
 
     async def create(self, request: CompletionRequest) -> Union[JSONResponse, StreamingResponse]:
@@ -59,6 +61,7 @@ class OpenAIServingCompletion(OpenAIServing):
             max_tokens = self.check_length(len(ids), request.max_tokens)
             params = self.sampling_params(request, max_tokens, request.logprobs, prompt_logprobs)
             jobs.append((ids, params))
+        await self.compile_grammar(jobs[0][1].structured_outputs)
         started = await self.start(jobs)
         stream = _Assembler(self, request, model, base_id, prompts)
         if request.stream:
@@ -80,6 +83,10 @@ class _Assembler:
         self.prompts = prompts
         self.n = request.n
         self.prompt_tokens = sum(len(ids) for _, ids in prompts)
+        self.as_ids = serving.token_ids_as_text(request)
+
+    def _builder(self) -> CompletionLogprobs:
+        return CompletionLogprobs(self.s.tokenizer, as_token_ids=self.as_ids)
 
     def _choice_logprobs(self, builder: CompletionLogprobs, out: RequestOutput,
                          o: CompletionOutput, start: int, with_prompt: bool) -> Optional[dict]:
@@ -101,11 +108,14 @@ class _Assembler:
             assert out is not None
             for o in sorted(out.outputs, key=lambda c: c.index):
                 text = (self.prompts[i][0] + o.text) if self.request.echo else o.text
-                builder = CompletionLogprobs(self.s.tokenizer)
-                choices.append({"index": i * self.n + o.index, "text": text,
-                                "logprobs": self._choice_logprobs(builder, out, o, 0,
-                                                                  self.request.echo),
-                                "finish_reason": o.finish_reason, "stop_reason": o.stop_reason})
+                builder = self._builder()
+                choice = {"index": i * self.n + o.index, "text": text,
+                          "logprobs": self._choice_logprobs(builder, out, o, 0, self.request.echo),
+                          "finish_reason": o.finish_reason, "stop_reason": o.stop_reason}
+                if self.request.prompt_logprobs is not None:
+                    choice["prompt_logprobs"] = prompt_logprobs_json(
+                        self.s.tokenizer, out.prompt_logprobs, self.as_ids)
+                choices.append(choice)
         completion_tokens = sum(len(o.token_ids) for out in final if out for o in out.outputs)
         return {"id": self.id, "object": "text_completion", "created": self.created,
                 "model": self.model, "choices": choices,
@@ -140,7 +150,7 @@ class _Assembler:
                         text = self.prompts[i][0] + text
                     if not text and o.finish_reason is None:
                         continue  # tokens whose text is held back (possible stop string)
-                    builder = builders.setdefault(index, CompletionLogprobs(self.s.tokenizer))
+                    builder = builders.setdefault(index, self._builder())
                     start = sent_tokens.get(index, 0)
                     choice = {"index": index, "text": text,
                               "logprobs": self._choice_logprobs(builder, out, o, start, echo),

@@ -12,18 +12,19 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import math
+import logging
 import time
 import uuid
 from typing import Any, AsyncIterator, Optional, Sequence, Union
 
 from tandem.engine.async_engine import AsyncLLMEngine, EngineDeadError, EngineStepError
 from tandem.entrypoints.openai.errors import OpenAIError
-from tandem.entrypoints.openai.protocol import SamplingFields
+from tandem.entrypoints.openai.request_params import RequestParams
 from tandem.outputs import RequestOutput, SpecDecodeRequestStats
+from tandem.sample.structured_params import StructuredOutputsParams
 from tandem.sampling_params import SamplingParams
 
-_PARAM_FIELDS = {f.name for f in dataclasses.fields(SamplingParams)}
+logger = logging.getLogger("tandem.server")
 _MAX_TOKEN_CHARS: dict[int, int] = {}
 
 
@@ -47,12 +48,24 @@ def now() -> int:
     return int(time.time())
 
 
-class OpenAIServing:
+@dataclasses.dataclass(frozen=True)
+class ServingOptions:
+    """Server-wide settings from the command line."""
+    response_role: str = "assistant"
+    return_tokens_as_token_ids: bool = False
+    log_requests: bool = False
+    enable_auto_tool_choice: bool = False
+    tool_call_parser: Optional[str] = None
+
+
+class OpenAIServing(RequestParams):
     def __init__(self, engine: AsyncLLMEngine, served_model_names: Sequence[str],
                  chat_template: Optional[str] = None,
-                 trust_request_chat_template: bool = False) -> None:
+                 trust_request_chat_template: bool = False, options: Any = None) -> None:
         self.engine = engine
         self.trust_request_chat_template = trust_request_chat_template
+        self.options = options or ServingOptions()
+        self.defaults = dict(getattr(engine, "sampling_defaults", {}) or {})
         self.tokenizer = engine.tokenizer
         self.max_model_len = engine.max_model_len
         self.vocab_size = engine.vocab_size
@@ -112,65 +125,16 @@ class OpenAIServing:
                 f"completion.", param="max_tokens")
         return max_tokens
 
-    # ---- sampling parameters ---------------------------------------------------------------
-
-    def _logit_bias(self, request: SamplingFields) -> Optional[dict[int, float]]:
-        if not request.logit_bias:
-            return None
-        bias: dict[int, float] = {}
-        for key, value in request.logit_bias.items():
-            try:
-                token_id = int(key)
-            except (TypeError, ValueError):
-                raise OpenAIError(f"logit_bias keys must be token ids (integers), got {key!r}",
-                                  param="logit_bias") from None
-            if not 0 <= token_id < self.vocab_size:
-                raise OpenAIError(f"logit_bias token id {token_id} is out of vocabulary "
-                                  f"(vocab size {self.vocab_size})", param="logit_bias")
-            if isinstance(value, bool) or not isinstance(value, (int, float)) \
-                    or not math.isfinite(value):
-                raise OpenAIError(f"logit_bias values must be numbers, got {value!r} for token "
-                                  f"{token_id}", param="logit_bias")
-            bias[token_id] = max(-100.0, min(100.0, float(value)))
-        return bias
-
-    def _check_unsupported(self, request: SamplingFields, extra: dict[str, Any]) -> None:
-        if request.use_beam_search:
-            raise OpenAIError("beam search is not supported", param="use_beam_search")
-        if request.best_of is not None and request.best_of > 1 and request.best_of != request.n:
-            raise OpenAIError("best_of is not supported (use n)", param="best_of")
-        if request.response_format is not None and request.response_format.type != "text":
-            raise OpenAIError(f"response_format type {request.response_format.type!r} is not "
-                              f"supported; only 'text' is", param="response_format")
-        for name, value in extra.items():
-            if value and name not in _PARAM_FIELDS:
-                raise OpenAIError(f"{name} is not supported by this server", param=name)
-
-    def sampling_params(self, request: SamplingFields, max_tokens: int,
-                        logprobs: Optional[int], prompt_logprobs: Optional[int]) -> SamplingParams:
-        extra = {"logit_bias": self._logit_bias(request),
-                 "allowed_token_ids": request.allowed_token_ids, "bad_words": request.bad_words}
-        self._check_unsupported(request, extra)
-        kwargs: dict[str, Any] = dict(
-            n=request.n, seed=request.seed, stop=request.stop,
-            stop_token_ids=request.stop_token_ids, max_tokens=max_tokens,
-            temperature=1.0 if request.temperature is None else request.temperature,
-            top_p=1.0 if request.top_p is None else request.top_p,
-            top_k=request.top_k or 0, min_p=request.min_p or 0.0,
-            presence_penalty=request.presence_penalty or 0.0,
-            frequency_penalty=request.frequency_penalty or 0.0,
-            repetition_penalty=(1.0 if request.repetition_penalty is None
-                                else request.repetition_penalty),
-            ignore_eos=request.ignore_eos, min_tokens=request.min_tokens,
-            logprobs=logprobs, prompt_logprobs=prompt_logprobs,
-            skip_special_tokens=request.skip_special_tokens,
-            spaces_between_special_tokens=request.spaces_between_special_tokens,
-            include_stop_str_in_output=request.include_stop_str_in_output)
-        kwargs.update({k: v for k, v in extra.items() if v})
+    async def compile_grammar(self, spec: Optional[StructuredOutputsParams]) -> None:
+        """Compile (or find cached) the grammar in a worker thread, so neither the event loop
+        nor the engine's steps wait for it."""
+        compiler = getattr(self.engine, "grammars", None)
+        if spec is None or compiler is None:
+            return
         try:
-            return SamplingParams(**kwargs)
-        except (ValueError, TypeError) as e:
-            raise OpenAIError(str(e)) from None
+            await asyncio.to_thread(compiler.prototype, spec)
+        except ValueError as e:
+            raise OpenAIError(str(e), param="structured_outputs") from None
 
     # ---- running requests ------------------------------------------------------------------
 
@@ -182,6 +146,9 @@ class OpenAIServing:
         try:
             for prompt, params in jobs:
                 request_id = random_id("req")
+                if self.options.log_requests:
+                    logger.info("Received request %s: %d prompt tokens, params: %s", request_id,
+                                len(prompt) if isinstance(prompt, list) else -1, params)
                 started.append((request_id, await self.engine.add_request(request_id, prompt,
                                                                           params)))
         except BaseException as e:
