@@ -81,10 +81,19 @@ class Request:
     draft: DraftState = field(default_factory=DraftState)
     spec_stats: Optional[SpecDecodeRequestStats] = None
     grammar: Optional[Any] = None     # a GrammarMatcher (structured outputs), or None
+    # per output token: did an accepted draft give it, and the draft it replaced (a rejected
+    # guess) if any (engine/spec_tracking.py)
+    token_from_draft: list[bool] = field(default_factory=list)
+    rejected_drafts: list[Optional[int]] = field(default_factory=list)
     logprobs: list[dict[int, Logprob]] = field(default_factory=list)
     prompt_logprobs: list[Optional[dict[int, Logprob]]] = field(default_factory=list)
     cumulative_logprob: float = 0.0
     block_hashes: list[bytes] = field(default_factory=list)
+    # time.monotonic() stamps for the latency metrics (engine/latency_metrics.py)
+    arrival_time: float = 0.0
+    scheduled_time: Optional[float] = None
+    first_token_time: Optional[float] = None
+    last_token_time: Optional[float] = None
 
     def __post_init__(self) -> None:
         self.all_token_ids = list(self.prompt_token_ids) + list(self.output_token_ids)

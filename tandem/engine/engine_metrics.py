@@ -1,20 +1,20 @@
-"""The engine's counters and gauges as named metrics (vLLM's names under our prefix)."""
+"""The engine's counters, gauges and histograms as named metrics (ours, and vLLM's names)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Union
+from typing import TYPE_CHECKING
 
-from tandem.metrics import PREFIX, Metric, Vector
+from tandem.metrics import PREFIX, AnyMetric, Metric, with_vllm_names
 
 if TYPE_CHECKING:
     from tandem.engine.llm_engine import LLMEngine
 
 
-def engine_metrics(engine: LLMEngine) -> list[Union[Metric, Vector]]:
+def engine_metrics(engine: LLMEngine) -> list[AnyMetric]:
     c = engine.counters
     kv, sched = engine.kv, engine.scheduler
     used = engine.num_blocks - kv.num_free_blocks
-    metrics: list[Union[Metric, Vector]] = [
+    metrics: list[AnyMetric] = [
         Metric(PREFIX + "prompt_tokens", c["prompt_tokens"]),
         Metric(PREFIX + "generation_tokens", c["generation_tokens"]),
         Metric(PREFIX + "request_success", c["request_success"]),
@@ -30,4 +30,5 @@ def engine_metrics(engine: LLMEngine) -> list[Union[Metric, Vector]]:
     ]
     if engine.spec_metrics is not None:
         metrics.extend(engine.spec_metrics.metrics())
-    return metrics
+    metrics.extend(engine.latency.metrics())
+    return with_vllm_names(metrics)

@@ -23,13 +23,15 @@ from tandem.core.scheduler import Scheduler
 from tandem.engine.detokenizer import IncrementalDetokenizer
 from tandem.engine.engine_metrics import engine_metrics
 from tandem.engine.fault_isolation import execute_isolated, propose_isolated
+from tandem.engine.latency_metrics import LatencyMetrics
 from tandem.engine.request_checks import check_logprobs, validate_prompt
 from tandem.engine.request_group import RequestGroup
+from tandem.engine.spec_tracking import SpecTracker
 from tandem.engine.stop_checker import check_stop
 from tandem.distributed.executor import make_executor
 from tandem.loader.generation_config import sampling_defaults
 from tandem.loader.tokenizer import load_tokenizer
-from tandem.metrics import Metric, Vector
+from tandem.metrics import AnyMetric
 from tandem.outputs import RequestOutput, SpecDecodeRequestStats
 from tandem.sample.grammar import GrammarCompiler, GrammarMatcher
 from tandem.sample.random import SeededRandom
@@ -74,6 +76,8 @@ class LLMEngine:
             self.proposer = build_proposer(config, self.executor.forward("draft"), self.kv,
                                            self.device)
             self.spec_metrics = SpecDecodeMetrics(spec.num_speculative_tokens)
+        self.spec_tracker = SpecTracker(self.spec_metrics,
+                                        spec.num_speculative_tokens if spec else 0)
         self._rng = random.Random(mc.seed)
         self.parents: dict[str, RequestGroup] = {}
         self._child_parent: dict[str, RequestGroup] = {}
@@ -85,6 +89,7 @@ class LLMEngine:
         self.grammars = GrammarCompiler(self.tokenizer, mc.vocab_size)  # structured outputs
         self.eos_token_id = self.tokenizer.eos_token_id
         self._extra_stop_ids = self._config_eos_ids() - {self.eos_token_id}
+        self.latency = LatencyMetrics(mc.max_model_len)
         self.counters = {"prompt_tokens": 0, "generation_tokens": 0, "request_success": 0,
                          "request_aborted": 0, "request_failed": 0}
 
@@ -139,6 +144,7 @@ class LLMEngine:
                         prompt=group.prompt, rng=self._random(params.seed),
                         eos_token_id=self.eos_token_id, parent_id=group.request_id, index=index,
                         spec_stats=SpecDecodeRequestStats() if self.proposer else None,
+                        arrival_time=group.arrival_time,
                         grammar=GrammarMatcher(group.grammar, self.model_config.vocab_size)
                         if group.grammar is not None else None)
         group.detoks[child.request_id] = IncrementalDetokenizer(
@@ -161,6 +167,7 @@ class LLMEngine:
             self._child_parent.pop(child.request_id, None)
             if not child.status.finished:
                 self.scheduler.finish_request(child, RequestStatus.FINISHED_ABORTED)
+                self.latency.on_finished(child)
         self.counters["request_aborted"] += 1
 
     def has_unfinished_requests(self) -> bool:
@@ -191,7 +198,7 @@ class LLMEngine:
         if not sched:
             return self._make_outputs([])
         result = execute_isolated(self.runner, sched, self._fail)
-        self._record_spec(sched, result)
+        self.spec_tracker.record_step(sched, result)
         for rid, plp in result.prompt_logprobs.items():
             req = self.scheduler.requests.get(rid)
             if req is not None:
@@ -199,6 +206,7 @@ class LLMEngine:
         progressed = self.scheduler.update_from_output(
             sched, result.sampled, self._check_stop,
             lambda req, j, tok: self._on_token(req, j, tok, result), on_error=self._fail)
+        self.latency.on_step((s.request for s in sched.scheduled), progressed)
         if self.proposer is not None:
             propose_isolated(self.proposer, self.scheduler.running, self._fail)
             if self.config.log_stats:
@@ -213,25 +221,18 @@ class LLMEngine:
                      type(error).__name__, error, exc_info=error)
         if group is None:
             self.scheduler.finish_request(req, RequestStatus.FINISHED_ERROR)
+            self.latency.on_finished(req)
             return
         group.error = f"{type(error).__name__}: {error}"
         for child in group.children:
             if not child.status.finished:
                 self.scheduler.finish_request(child, RequestStatus.FINISHED_ERROR)
+                self.latency.on_finished(child)
         self._failed[group.request_id] = group
-
-    def _record_spec(self, sched, result: RunnerOutput) -> None:
-        if self.spec_metrics is None:
-            return
-        k = self.config.speculative_config.num_speculative_tokens
-        for s in sched.scheduled:
-            if s.spec_token_ids and s.request.request_id in result.sampled:
-                accepted = len(result.sampled[s.request.request_id]) - 1
-                self.spec_metrics.observe(len(s.spec_token_ids), accepted)
-                s.request.spec_stats.record(len(s.spec_token_ids), accepted, k)
 
     def _on_token(self, req: Request, j: int, token: int, result: RunnerOutput) -> None:
         self.counters["generation_tokens"] += 1
+        self.spec_tracker.on_token(req, j, result)
         if req.grammar is not None:
             req.grammar.consume(token)
         lps = result.logprobs.get(req.request_id)
@@ -281,5 +282,5 @@ class LLMEngine:
         return outputs
 
     # -- metrics -----------------------------------------------------------------------------
-    def get_metrics(self) -> list[Union[Metric, Vector]]:
+    def get_metrics(self) -> list[AnyMetric]:
         return engine_metrics(self)

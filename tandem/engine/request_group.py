@@ -8,6 +8,7 @@ that arrive after it queue beside its next children instead of behind all of the
 from __future__ import annotations
 
 import copy
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
@@ -26,6 +27,7 @@ class RequestGroup:
     final_only: bool  # build an output only when every child is done (the offline API)
     window: int       # most children unfinished at once
     grammar: Optional[Any] = None  # the compiled grammar of structured outputs (a prototype)
+    arrival_time: float = field(default_factory=time.monotonic)
     children: list[Request] = field(default_factory=list)  # created so far, in index order
     detoks: dict[str, IncrementalDetokenizer] = field(default_factory=dict)
     num_finished: int = 0
@@ -60,7 +62,9 @@ class RequestGroup:
                 cumulative_logprob=c.cumulative_logprob if want_lp else None,
                 logprobs=list(c.logprobs) if want_lp else None,
                 finish_reason=c.finish_reason, stop_reason=c.stop_reason,
-                spec_decode_stats=copy.deepcopy(c.spec_stats)))
+                spec_decode_stats=copy.deepcopy(c.spec_stats),
+                token_origins=["draft" if d else "target" for d in c.token_from_draft],
+                rejected_draft_ids=list(c.rejected_drafts)))
         first = self.children[0] if self.children else None
         want_plp = first is not None and first.params.prompt_logprobs is not None
         return RequestOutput(request_id=self.request_id, prompt=self.prompt,

@@ -117,6 +117,8 @@ class SamplingFields(OpenAIBaseModel):
     guided_whitespace_pattern: Optional[str] = None
     return_tokens_as_token_ids: Optional[bool] = None
     truncate_prompt_tokens: Optional[int] = None
+    # tandem's extension: each token's origin under speculation (openai/token_origin.py)
+    spec_decode_token_origin: bool = False
 
     @model_validator(mode="after")
     def _check_stream_options(self) -> SamplingFields:

@@ -16,6 +16,7 @@ from tandem.entrypoints.openai.protocol import ChatCompletionRequest
 from tandem.entrypoints.openai.serving_engine import (OpenAIServing, now, random_id,
                                                       spec_metrics, usage)
 from tandem.entrypoints.openai.sse import DONE, HEADERS, MEDIA_TYPE, sse_event
+from tandem.entrypoints.openai.token_origin import token_origin_fields
 from tandem.entrypoints.openai.tool_choice import ChoiceTools, ToolPlan, plan_tools
 from tandem.outputs import CompletionOutput, RequestOutput
 
@@ -135,8 +136,11 @@ class _ChatAssembler:
                 else (self.echo_prefix or None)
             message["tool_calls"] = calls
             finish_reason = state.finish_reason(finish_reason)
-        return {"index": o.index, "message": message, "logprobs": self._logprobs(o, 0),
-                "finish_reason": finish_reason, "stop_reason": o.stop_reason}
+        choice = {"index": o.index, "message": message, "logprobs": self._logprobs(o, 0),
+                  "finish_reason": finish_reason, "stop_reason": o.stop_reason}
+        if self.request.spec_decode_token_origin:
+            choice.update(token_origin_fields(self.s.tokenizer, o, 0))
+        return choice
 
     def _delta(self, index: int, text: str, finished: bool) -> dict[str, Any]:
         """The delta of new text; with tools, what the choice's tool state lets out."""
@@ -192,6 +196,8 @@ class _ChatAssembler:
                     choice = {"index": o.index, "delta": delta,
                               "logprobs": self._logprobs(o, start),
                               "finish_reason": finish_reason, "stop_reason": o.stop_reason}
+                    if self.request.spec_decode_token_origin:
+                        choice.update(token_origin_fields(self.s.tokenizer, o, start))
                     sent_tokens[o.index] = len(o.token_ids)
                     extra: dict[str, Any] = {}
                     if o.finish_reason is not None:

@@ -19,6 +19,7 @@ from tandem.entrypoints.openai.protocol import CompletionRequest
 from tandem.entrypoints.openai.serving_engine import (OpenAIServing, now, random_id,
                                                       spec_metrics, usage)
 from tandem.entrypoints.openai.sse import DONE, HEADERS, MEDIA_TYPE, sse_event
+from tandem.entrypoints.openai.token_origin import token_origin_fields
 from tandem.outputs import CompletionOutput, RequestOutput
 
 PromptInput = tuple[str, list[int]]  # (text for echo, token ids)
@@ -115,6 +116,8 @@ class _Assembler:
                 if self.request.prompt_logprobs is not None:
                     choice["prompt_logprobs"] = prompt_logprobs_json(
                         self.s.tokenizer, out.prompt_logprobs, self.as_ids)
+                if self.request.spec_decode_token_origin:
+                    choice.update(token_origin_fields(self.s.tokenizer, o, 0))
                 choices.append(choice)
         completion_tokens = sum(len(o.token_ids) for out in final if out for o in out.outputs)
         return {"id": self.id, "object": "text_completion", "created": self.created,
@@ -155,6 +158,8 @@ class _Assembler:
                     choice = {"index": index, "text": text,
                               "logprobs": self._choice_logprobs(builder, out, o, start, echo),
                               "finish_reason": o.finish_reason, "stop_reason": o.stop_reason}
+                    if self.request.spec_decode_token_origin:
+                        choice.update(token_origin_fields(self.s.tokenizer, o, start))
                     sent_text[index] = len(o.text)
                     sent_tokens[index] = len(o.token_ids)
                     extra: dict[str, Any] = {}

@@ -1,0 +1,46 @@
+"""What each verify step tells about speculation: the engine-wide and per-request counters, and
+the origin of every token a sequence receives.
+
+A verify step of a request with k drafts yields accepted + 1 tokens: the first `accepted` are
+drafts the target accepted (origin "draft"); the last is the target's own, either a recovered
+token sampled after rejecting draft `accepted` (whose id is kept as the rejected guess) or, when
+all k were accepted, the bonus token. A step without drafts yields one "target" token.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from tandem.core.request import Request
+from tandem.core.sched_output import SchedulerOutput
+from tandem.spec_decode.metrics import SpecDecodeMetrics
+from tandem.worker.model_runner import RunnerOutput
+
+
+class SpecTracker:
+    def __init__(self, metrics: Optional[SpecDecodeMetrics], k: int) -> None:
+        self.metrics = metrics
+        self.k = k
+        self._drafts: dict[str, list[int]] = {}  # this step's verified drafts, by request id
+
+    def record_step(self, sched: SchedulerOutput, result: RunnerOutput) -> None:
+        """Before the step's tokens are appended: count drafts and acceptances."""
+        self._drafts = {}
+        for s in sched.scheduled:
+            rid = s.request.request_id
+            if s.spec_token_ids and rid in result.sampled:
+                self._drafts[rid] = list(s.spec_token_ids)
+                accepted = len(result.sampled[rid]) - 1
+                if self.metrics is not None:
+                    self.metrics.observe(len(s.spec_token_ids), accepted)
+                if s.request.spec_stats is not None:
+                    s.request.spec_stats.record(len(s.spec_token_ids), accepted, self.k)
+
+    def on_token(self, req: Request, j: int, result: RunnerOutput) -> None:
+        """The j-th token of this step for `req` was appended: note where it came from."""
+        drafts = self._drafts.get(req.request_id)
+        last = len(result.sampled[req.request_id]) - 1
+        from_draft = drafts is not None and j < last
+        req.token_from_draft.append(from_draft)
+        req.rejected_drafts.append(drafts[j] if drafts is not None and j == last < len(drafts)
+                                   else None)
