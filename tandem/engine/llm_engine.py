@@ -22,7 +22,8 @@ from tandem.core.request import Request, RequestStatus
 from tandem.core.scheduler import Scheduler
 from tandem.engine.detokenizer import IncrementalDetokenizer
 from tandem.engine.engine_metrics import engine_metrics
-from tandem.engine.fault_isolation import execute_isolated, propose_isolated
+from tandem.engine.drafting import Drafting
+from tandem.engine.fault_isolation import execute_isolated
 from tandem.engine.latency_metrics import LatencyMetrics
 from tandem.engine.request_checks import check_logprobs, validate_prompt
 from tandem.engine.request_group import RequestGroup
@@ -76,8 +77,12 @@ class LLMEngine:
             self.proposer = build_proposer(config, self.executor.forward("draft"), self.kv,
                                            self.device)
             self.spec_metrics = SpecDecodeMetrics(spec.num_speculative_tokens)
+        self.drafting = (Drafting(self.proposer, spec.adaptive, self._fail)
+                         if self.proposer is not None else None)
         self.spec_tracker = SpecTracker(self.spec_metrics,
-                                        spec.num_speculative_tokens if spec else 0)
+                                        spec.num_speculative_tokens if spec else 0,
+                                        self.drafting.observe_acceptance if self.drafting
+                                        else None)
         self._rng = random.Random(mc.seed)
         self.parents: dict[str, RequestGroup] = {}
         self._child_parent: dict[str, RequestGroup] = {}
@@ -191,13 +196,15 @@ class LLMEngine:
         if not sched and self.scheduler.running:
             # Everything runnable waits for drafts: let the draft catch up alone this step, or,
             # when it cannot make progress (no memory to spare), go on without drafts.
-            if self.proposer is not None and propose_isolated(self.proposer,
-                                                              self.scheduler.running, self._fail):
+            if self.drafting is not None and self.drafting.catch_up(self.scheduler.running):
                 return self._make_outputs([])
             sched = self.scheduler.schedule(force=True)
         if not sched:
             return self._make_outputs([])
+        t0 = time.perf_counter()
         result = execute_isolated(self.runner, sched, self._fail)
+        if self.drafting is not None:
+            self.drafting.observe_target(sched, time.perf_counter() - t0)
         self.spec_tracker.record_step(sched, result)
         for rid, plp in result.prompt_logprobs.items():
             req = self.scheduler.requests.get(rid)
@@ -207,8 +214,8 @@ class LLMEngine:
             sched, result.sampled, self._check_stop,
             lambda req, j, tok: self._on_token(req, j, tok, result), on_error=self._fail)
         self.latency.on_step((s.request for s in sched.scheduled), progressed)
-        if self.proposer is not None:
-            propose_isolated(self.proposer, self.scheduler.running, self._fail)
+        if self.drafting is not None:
+            self.drafting.after_step(self.scheduler.running)
             if self.config.log_stats:
                 self.spec_metrics.maybe_log()
         return self._make_outputs(progressed)

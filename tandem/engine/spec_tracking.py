@@ -9,7 +9,7 @@ all k were accepted, the bonus token. A step without drafts yields one "target" 
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 from tandem.core.request import Request
 from tandem.core.sched_output import SchedulerOutput
@@ -18,9 +18,11 @@ from tandem.worker.model_runner import RunnerOutput
 
 
 class SpecTracker:
-    def __init__(self, metrics: Optional[SpecDecodeMetrics], k: int) -> None:
+    def __init__(self, metrics: Optional[SpecDecodeMetrics], k: int,
+                 on_verified: Optional[Callable[[int, int], None]] = None) -> None:
         self.metrics = metrics
         self.k = k
+        self.on_verified = on_verified  # (drafted, accepted) of each verify: adaptive k
         self._drafts: dict[str, list[int]] = {}  # this step's verified drafts, by request id
 
     def record_step(self, sched: SchedulerOutput, result: RunnerOutput) -> None:
@@ -33,6 +35,8 @@ class SpecTracker:
                 accepted = len(result.sampled[rid]) - 1
                 if self.metrics is not None:
                     self.metrics.observe(len(s.spec_token_ids), accepted)
+                if self.on_verified is not None:
+                    self.on_verified(len(s.spec_token_ids), accepted)
                 if s.request.spec_stats is not None:
                     s.request.spec_stats.record(len(s.spec_token_ids), accepted, self.k)
 

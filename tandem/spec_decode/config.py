@@ -37,6 +37,9 @@ class SpeculativeConfig:
     draft_sample_method: str = "greedy"
     use_heterogeneous_vocab: bool = False
     heterogeneous_vocab_feedback: str = "reencode"
+    # tandem's own: choose the number of drafts every step, 0..num_speculative_tokens, from
+    # measured acceptance and costs (spec_decode/adaptive.py)
+    adaptive: bool = False
     # Filled by create(): the draft's resolved model config, and whether the draft's tokenizer
     # differs from the target's (then drafting goes through the TLI vocabulary mapping).
     draft_model_config: Optional[Any] = None
@@ -107,6 +110,8 @@ class SpeculativeConfig:
         if self.draft_sample_method not in DRAFT_SAMPLE_METHODS:
             raise ValueError(f"draft_sample_method must be one of {list(DRAFT_SAMPLE_METHODS)}, "
                              f"got {self.draft_sample_method!r}.")
+        if not isinstance(self.adaptive, bool):
+            raise ValueError(f"adaptive must be true or false, got {self.adaptive!r}.")
         if not isinstance(self.use_heterogeneous_vocab, bool):
             raise ValueError("use_heterogeneous_vocab must be true or false, got "
                              f"{self.use_heterogeneous_vocab!r}.")

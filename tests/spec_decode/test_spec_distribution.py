@@ -16,6 +16,7 @@ from transformers import AutoModelForCausalLM
 
 from tandem import LLM, SamplingParams
 from tandem.sample.rejection_sampler import RejectionSampler
+from tandem.spec_decode.adaptive import AdaptiveK
 from tiny_models import build_small_vocab_model
 
 PROMPT = [5, 6, 7, 8]
@@ -59,9 +60,10 @@ def exact(pair) -> np.ndarray:
     return p1[:, None, None] * p2[:, :, None] * p3
 
 
-def _sample(pair, method: str) -> tuple[np.ndarray, float]:
+def _sample(pair, method: str, adaptive: bool = False) -> tuple[np.ndarray, float]:
     llm = LLM(pair[0], seed=1234, speculative_config={
-        "model": pair[1], "num_speculative_tokens": 2, "draft_sample_method": method})
+        "model": pair[1], "num_speculative_tokens": 2, "draft_sample_method": method,
+        "adaptive": adaptive})
     # Two requests of n = NUM_SAMPLES / 2 (n is capped at 16384, as in vLLM).
     outs = llm.generate([PROMPT] * 2, SamplingParams(n=NUM_SAMPLES // 2, temperature=TEMPERATURE,
                                                      top_p=TOP_P, max_tokens=4, ignore_eos=True),
@@ -110,3 +112,18 @@ def test_planted_sampler_errors_are_detected(pair, exact, method, bug, monkeypat
     monkeypatch.setattr(RejectionSampler, bug, staticmethod(planted))
     samples, _ = _sample(pair, method)
     assert _pvalue(samples, exact) < ALPHA
+
+
+def test_adaptive_speculation_stays_exact_as_k_changes_every_step(pair, exact, monkeypatch):
+    """Adaptive speculation with k cycling 2, 0, 1 step by step (0: no drafting at all, the draft
+    catching up later): still the target's law."""
+    chosen = []
+
+    def cycle(self, batch_size: int) -> int:
+        chosen.append((2, 0, 1)[len(chosen) % 3])
+        return chosen[-1]
+
+    monkeypatch.setattr(AdaptiveK, "choose", cycle)
+    samples, acceptance = _sample(pair, "probabilistic", adaptive=True)
+    assert set(chosen) == {0, 1, 2} and 0.1 < acceptance < 0.95
+    assert _pvalue(samples, exact) > ALPHA

@@ -137,6 +137,8 @@ SPEC_KEYS_HELP = """\
   use_heterogeneous_vocab       true: a draft with another tokenizer (Token-Level Intersection)
   heterogeneous_vocab_feedback  "reencode" (default) or "unk": how target tokens the draft's
                                 vocabulary lacks reach the draft
+  adaptive                      true: choose 0..num_speculative_tokens drafts every step from
+                                measured acceptance and costs (tandem's own key)
 """
 
 

@@ -1,0 +1,49 @@
+"""The engine's drafting phase: after each step, the proposer drafts for the running requests,
+with k fixed, or chosen per step by adaptive speculation from measured costs and acceptance."""
+
+from __future__ import annotations
+
+import time
+from typing import Callable, Optional
+
+from tandem.core.request import Request
+from tandem.core.sched_output import SchedulerOutput
+from tandem.engine.fault_isolation import propose_isolated
+from tandem.spec_decode.adaptive import AdaptiveK
+from tandem.spec_decode.proposer import DraftProposer
+
+
+class Drafting:
+    def __init__(self, proposer: DraftProposer, adaptive: bool,
+                 fail: Callable[[Request, BaseException], None]) -> None:
+        self.proposer = proposer
+        self.k_max = proposer.k
+        self.adaptive: Optional[AdaptiveK] = AdaptiveK(proposer.k) if adaptive else None
+        self.fail = fail
+
+    def catch_up(self, running: list[Request]) -> int:
+        """When every runnable request waits for drafts: let the draft run alone."""
+        return propose_isolated(self.proposer, running, self.fail)
+
+    def after_step(self, running: list[Request]) -> None:
+        if self.adaptive is None:
+            propose_isolated(self.proposer, running, self.fail)
+            return
+        k = self.adaptive.choose(len(running))
+        if k == 0:  # plain decoding pays more now: skip the draft entirely this step
+            for req in running:
+                req.awaiting_drafts = False
+            return
+        self.proposer.k = k
+        t0 = time.perf_counter()
+        propose_isolated(self.proposer, running, self.fail)
+        self.adaptive.observe_draft(len(running), k, time.perf_counter() - t0)
+
+    def observe_target(self, sched: SchedulerOutput, seconds: float) -> None:
+        if self.adaptive is not None:
+            self.adaptive.observe_target(sum(s.num_new_tokens for s in sched.scheduled),
+                                         seconds)
+
+    def observe_acceptance(self, num_drafted: int, num_accepted: int) -> None:
+        if self.adaptive is not None:
+            self.adaptive.observe_acceptance(num_drafted, num_accepted)
