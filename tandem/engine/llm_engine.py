@@ -36,6 +36,7 @@ from tandem.metrics import AnyMetric
 from tandem.outputs import RequestOutput, SpecDecodeRequestStats
 from tandem.sample.grammar import GrammarCompiler, GrammarMatcher
 from tandem.sample.random import SeededRandom
+from tandem.sample.synthetic_sampler import SyntheticRejectionSampler
 from tandem.sampling_params import SamplingParams
 from tandem.spec_decode.metrics import SpecDecodeMetrics
 from tandem.spec_decode.factory import build_proposer
@@ -69,8 +70,10 @@ class LLMEngine:
         self.executor.allocate_kv(self.num_blocks)
         self.kv = KVCacheManager(self.num_blocks, cache.block_size, cache.enable_prefix_caching)
         self.scheduler = Scheduler(sched, self.kv)
+        rates = spec.acceptance_rates() if spec is not None else None  # synthetic: benchmarks
         self.runner = ModelRunner(self.executor.forward("target"), self.device, mc.vocab_size,
-                                  self.tokenizer)
+                                  self.tokenizer, SyntheticRejectionSampler(rates, mc.seed)
+                                  if rates is not None else None)
         self.proposer: Optional[DraftProposer] = None
         self.spec_metrics: Optional[SpecDecodeMetrics] = None
         if spec is not None:

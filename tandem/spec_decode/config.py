@@ -19,6 +19,7 @@ SUPPORTED_METHODS = ("draft_model",)
 VLLM_METHODS = ("ngram", "medusa", "mlp_speculator", "draft_model", "suffix", "custom_class", "eagle",
                 "eagle3", "extract_hidden_states", "mtp", "dflash", "ngram_gpu", "dspark")
 DRAFT_SAMPLE_METHODS = ("greedy", "probabilistic")
+REJECTION_METHODS = ("standard", "synthetic")
 # How a TLI draft sees a target token without a twin in its vocabulary (tandem's own key).
 FEEDBACK_MODES = ("reencode", "unk")
 MAX_SPEC_LEN = 128  # vLLM's rejection sampler bound
@@ -40,6 +41,10 @@ class SpeculativeConfig:
     # tandem's own: choose the number of drafts every step, 0..num_speculative_tokens, from
     # measured acceptance and costs (spec_decode/adaptive.py)
     adaptive: bool = False
+    # Benchmarking only, not lossless (sample/synthetic_sampler.py), as in vLLM.
+    rejection_sample_method: str = "standard"
+    synthetic_acceptance_rates: Optional[list[float]] = None
+    synthetic_acceptance_length: Optional[float] = None
     # Filled by create(): the draft's resolved model config, and whether the draft's tokenizer
     # differs from the target's (then drafting goes through the TLI vocabulary mapping).
     draft_model_config: Optional[Any] = None
@@ -110,6 +115,7 @@ class SpeculativeConfig:
         if self.draft_sample_method not in DRAFT_SAMPLE_METHODS:
             raise ValueError(f"draft_sample_method must be one of {list(DRAFT_SAMPLE_METHODS)}, "
                              f"got {self.draft_sample_method!r}.")
+        self._verify_synthetic()
         if not isinstance(self.adaptive, bool):
             raise ValueError(f"adaptive must be true or false, got {self.adaptive!r}.")
         if not isinstance(self.use_heterogeneous_vocab, bool):
@@ -122,6 +128,48 @@ class SpeculativeConfig:
                                                or self.max_model_len < 1):
             raise ValueError("speculative_config['max_model_len'] must be a positive integer, got "
                              f"{self.max_model_len!r}.")
+
+    def _verify_synthetic(self) -> None:
+        method, k = self.rejection_sample_method, self.num_speculative_tokens
+        if method not in REJECTION_METHODS:
+            what = "is not supported by tandem" if method in ("block", "fly") else "is unknown"
+            raise ValueError(f"rejection_sample_method {method!r} {what}; supported: "
+                             f"{list(REJECTION_METHODS)}.")
+        rates, length = self.synthetic_acceptance_rates, self.synthetic_acceptance_length
+        if method != "synthetic":
+            if rates is not None or length is not None:
+                raise ValueError("synthetic_acceptance_rates and synthetic_acceptance_length are "
+                                 "only valid with rejection_sample_method='synthetic'.")
+            return
+        if (rates is None) == (length is None):
+            raise ValueError("rejection_sample_method='synthetic' needs exactly one of "
+                             "synthetic_acceptance_rates or synthetic_acceptance_length.")
+        if rates is not None:
+            if not isinstance(rates, list) or len(rates) != k or not all(
+                    isinstance(r, (int, float)) and not isinstance(r, bool) and 0 <= r <= 1
+                    for r in rates):
+                raise ValueError(f"synthetic_acceptance_rates must be a list of {k} numbers in "
+                                 f"[0, 1] (one per draft position), got {rates!r}.")
+            if any(b > a for a, b in zip(rates, rates[1:])):
+                raise ValueError("synthetic_acceptance_rates must be non-increasing, got "
+                                 f"{rates!r}.")
+        elif not isinstance(length, (int, float)) or isinstance(length, bool) \
+                or not 1 <= length <= k + 1:
+            raise ValueError(f"synthetic_acceptance_length must be in [1, {k + 1}], got "
+                             f"{length!r}.")
+        logger.warning("rejection_sample_method='synthetic': drafts are accepted at set rates, "
+                       "whatever the target says; the output is NOT the target's distribution "
+                       "(benchmarking only).")
+
+    def acceptance_rates(self) -> Optional[list[float]]:
+        """Synthetic per-position acceptance rates, or None for real verification."""
+        if self.rejection_sample_method != "synthetic":
+            return None
+        if self.synthetic_acceptance_rates is not None:
+            return [float(r) for r in self.synthetic_acceptance_rates]
+        from tandem.sample.synthetic_sampler import rates_for_length
+        return rates_for_length(float(self.synthetic_acceptance_length),
+                                self.num_speculative_tokens)
 
     def _with_draft(self, target: ModelConfig, device: torch.device) -> SpeculativeConfig:
         from tandem.config import ModelConfig

@@ -137,6 +137,10 @@ SPEC_KEYS_HELP = """\
   use_heterogeneous_vocab       true: a draft with another tokenizer (Token-Level Intersection)
   heterogeneous_vocab_feedback  "reencode" (default) or "unk": how target tokens the draft's
                                 vocabulary lacks reach the draft
+  rejection_sample_method       "standard" (default) or "synthetic" (benchmarks only, not
+                                lossless; with synthetic_acceptance_rates [per position] or
+                                synthetic_acceptance_length; serve needs
+                                --allow-synthetic-acceptance)
   adaptive                      true: choose 0..num_speculative_tokens drafts every step from
                                 measured acceptance and costs (tandem's own key)
 """
@@ -183,6 +187,9 @@ def make_serve_parser(parser: Optional[argparse.ArgumentParser] = None) -> argpa
     p.add_argument("-sc", "--speculative-config", default=None,
                    help='JSON, e.g. \'{"model": "DRAFT", "num_speculative_tokens": 5}\' '
                         '(keys below)')
+    p.add_argument("--allow-synthetic-acceptance", action="store_true",
+                   help="accept rejection_sample_method 'synthetic' in --speculative-config "
+                        "(benchmarking only: the output is not the target's distribution)")
     p.add_argument("--served-model-name", nargs="+", default=None,
                    help="one or more names for the API; the first is reported")
     p.add_argument("--tokenizer", default=None, help="tokenizer name or path (default: the model)")
@@ -272,6 +279,11 @@ def parse_serve_args(argv: Sequence[str]) -> argparse.Namespace:
         args.enable_log_requests = False
     _check_tool_flags(args)
     args.speculative_config = parse_speculative_config(args.speculative_config, dotted)
+    if (args.speculative_config or {}).get("rejection_sample_method") == "synthetic" \
+            and not args.allow_synthetic_acceptance:
+        raise ArgumentError("rejection_sample_method 'synthetic' accepts drafts at set rates "
+                            "whatever the target says, so answers would not be the model's; "
+                            "pass --allow-synthetic-acceptance to serve it for benchmarking")
     message = _removed_flags_message(args, args.speculative_config)
     if message:
         raise ArgumentError(message)
