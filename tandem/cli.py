@@ -16,7 +16,8 @@ from tandem.entrypoints.openai.args import (ArgumentError, engine_kwargs, make_s
                                             one_line, parse_serve_args, print_error_and_exit,
                                             tandem_version)
 
-COMMANDS = {"serve": "start the OpenAI-compatible server: tandem serve MODEL [--port 8000 ...]"}
+COMMANDS = {"serve": "start the OpenAI-compatible server: tandem serve MODEL [--port 8000 ...]",
+            "bench": "benchmarks: tandem bench {latency,throughput,serve,spec} --help"}
 
 # Errors a user's configuration can cause at start-up: answered in one line, not a traceback.
 STARTUP_ERRORS = (ValueError, TypeError, OSError, NotImplementedError, KeyError)
@@ -95,6 +96,10 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         return
     if argv[0] == "serve":
         serve(argv[1:], launch_time)
+        return
+    if argv[0] == "bench":
+        from tandem.bench.cli import main as bench
+        bench(argv[1:])
         return
     print(f"tandem: error: unknown command {argv[0]!r}\n\n{_usage()}", file=sys.stderr)
     sys.exit(2)

@@ -1,0 +1,1 @@
+"""`tandem bench`: latency, throughput, serve and spec benchmarks (like `vllm bench`)."""

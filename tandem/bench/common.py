@@ -1,0 +1,113 @@
+"""What every `tandem bench` command shares: prompts from a file, the machine's name, results
+written as JSON (and plots, when matplotlib is installed)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+from pathlib import Path
+from typing import Any, Optional
+
+FALLBACK_PROMPTS = ["The future of AI is", "Explain to a ten-year-old why the sky is blue.",
+                    "Write a short, friendly message inviting a coworker to lunch on Friday.",
+                    "What is the difference between weather and climate?"]
+
+
+def load_prompts(path: Optional[str], n: int) -> list[str]:
+    """Prompts from a JSONL file (a "prompt" field per line) or a text file (one per line),
+    cycled to n; a few built-in ones without a file."""
+    if path is None:
+        base = FALLBACK_PROMPTS
+    else:
+        lines = [line for line in Path(path).read_text(encoding="utf-8").splitlines()
+                 if line.strip()]
+        base = [json.loads(line)["prompt"] if line.lstrip().startswith("{") else line
+                for line in lines]
+        if not base:
+            raise ValueError(f"--prompts {path} holds no prompts")
+    return [base[i % len(base)] for i in range(n)]
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine() -> dict[str, Any]:
+    import torch
+    return {"cpu": cpu_name(), "cpus": os.cpu_count(), "threads": torch.get_num_threads(),
+            "python": platform.python_version(), "torch": torch.__version__,
+            "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
+
+
+def summary(values: list[float]) -> dict[str, float]:
+    """mean / median / p99 in milliseconds of values in seconds."""
+    if not values:
+        return {"mean_ms": 0.0, "median_ms": 0.0, "p99_ms": 0.0}
+    ordered = sorted(values)
+    p99 = ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
+    return {"mean_ms": 1000 * statistics.fmean(values),
+            "median_ms": 1000 * statistics.median(values), "p99_ms": 1000 * p99}
+
+
+def write_json(path: Optional[str], result: dict[str, Any]) -> None:
+    result = {"machine": machine(), **result}
+    text = json.dumps(result, indent=2)
+    if path:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(text + "\n")
+        print(f"results written to {path}")
+    else:
+        print(text)
+
+
+def pyplot() -> Any:
+    """matplotlib's pyplot on a file-only backend, or None when matplotlib is not installed."""
+    try:
+        import matplotlib
+    except ImportError:
+        print("matplotlib is not installed: no plot (pip install matplotlib)")
+        return None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def add_engine_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", required=True, help="the target model (as for tandem serve)")
+    p.add_argument("--speculative-config", "-sc", default=None,
+                   help="JSON, as for tandem serve (e.g. a draft model and k)")
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--max-model-len", type=int, default=None, help="default: the model's")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    add_prompt_args(p)
+
+
+def add_prompt_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--prompts", default=None, help="JSONL (a 'prompt' per line) or text file")
+    p.add_argument("--num-prompts", type=int, default=8)
+    p.add_argument("--max-tokens", type=int, default=64, help="tokens generated per prompt")
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--output-json", default=None, help="write results here (default: stdout)")
+
+
+def make_llm(args: argparse.Namespace, speculative_config: Any = "from-args") -> Any:
+    import torch
+
+    from tandem import LLM
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    spec = args.speculative_config if speculative_config == "from-args" else speculative_config
+    if isinstance(spec, str):
+        spec = json.loads(spec)
+    return LLM(model=args.model, dtype=args.dtype, max_model_len=args.max_model_len,
+               seed=args.seed, speculative_config=spec, enable_prefix_caching=False)

@@ -1,0 +1,132 @@
+"""`tandem bench serve`: a running OpenAI-compatible server at several concurrency levels.
+
+Streams completions (ignore_eos, so each asks for exactly --max-tokens) with C requests in
+flight at a time; per level: time to first token, inter-token latency (gaps between streamed
+chunks), output tokens/s and requests/s. Works against tandem or any vLLM-compatible server.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+from typing import Any, Optional
+
+from tandem.bench.common import add_prompt_args, load_prompts, pyplot, summary, write_json
+
+
+async def _one(client: Any, url: str, body: dict[str, Any], headers: dict[str, str]
+               ) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    stamps: list[float] = []
+    tokens = 0
+    async with client.stream("POST", url, json=body, headers=headers, timeout=600) as r:
+        if r.status_code != 200:
+            raise RuntimeError(f"{url} answered {r.status_code}: {(await r.aread())[:300]!r}")
+        async for line in r.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if "error" in chunk:
+                raise RuntimeError(f"stream error: {chunk['error']}")
+            if chunk.get("usage"):
+                tokens = chunk["usage"]["completion_tokens"]
+            if any(c.get("text") for c in chunk.get("choices", [])):
+                stamps.append(time.perf_counter())
+    end = time.perf_counter()
+    return {"ttft": (stamps[0] - t0) if stamps else end - t0,
+            "gaps": [b - a for a, b in zip(stamps, stamps[1:])], "tokens": tokens}
+
+
+async def _level(base_url: str, model: str, prompts: list[str], concurrency: int,
+                 args: argparse.Namespace, bar: Any) -> dict[str, Any]:
+    import httpx
+    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    queue: asyncio.Queue[str] = asyncio.Queue()
+    for p in prompts:
+        queue.put_nowait(p)
+    results: list[dict[str, Any]] = []
+
+    async def worker(client: Any) -> None:
+        while not queue.empty():
+            prompt = queue.get_nowait()
+            body = {"model": model, "prompt": prompt, "max_tokens": args.max_tokens,
+                    "temperature": args.temperature, "ignore_eos": True, "stream": True,
+                    "stream_options": {"include_usage": True}}
+            results.append(await _one(client, base_url + "/completions", body, headers))
+            bar.update(1)
+
+    t0 = time.perf_counter()
+    async with httpx.AsyncClient() as client:
+        await asyncio.gather(*(worker(client) for _ in range(concurrency)))
+    seconds = time.perf_counter() - t0
+    tokens = sum(r["tokens"] for r in results)
+    return {"concurrency": concurrency, "requests": len(results), "seconds": seconds,
+            "output_tokens_per_s": tokens / seconds, "requests_per_s": len(results) / seconds,
+            "ttft": summary([r["ttft"] for r in results]),
+            "itl": summary([g for r in results for g in r["gaps"]])}
+
+
+def _model(base_url: str, api_key: Optional[str]) -> str:
+    import httpx
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    return httpx.get(base_url + "/models", headers=headers, timeout=30).json()["data"][0]["id"]
+
+
+def main(args: argparse.Namespace) -> dict[str, Any]:
+    from tqdm import tqdm
+    base_url = args.base_url.rstrip("/")
+    if not base_url.endswith("/v1"):
+        base_url += "/v1"
+    model = args.served_model or _model(base_url, args.api_key)
+    prompts = load_prompts(args.prompts, args.num_prompts)
+    levels = []
+    with tqdm(total=len(prompts) * len(args.concurrency), desc="requests",
+              disable=args.no_progress) as bar:
+        for c in args.concurrency:
+            levels.append(asyncio.run(_level(base_url, model, prompts, c, args, bar)))
+    for lv in levels:
+        print(f"concurrency {lv['concurrency']:3d}: {lv['output_tokens_per_s']:8.1f} tok/s, "
+              f"TTFT median {lv['ttft']['median_ms']:.0f} ms, ITL median "
+              f"{lv['itl']['median_ms']:.1f} ms")
+    result = {"benchmark": "serve", "base_url": base_url, "model": model,
+              "num_prompts": len(prompts), "max_tokens": args.max_tokens, "levels": levels}
+    if args.plot:
+        _plot(result, args.plot)
+        result["plot"] = args.plot
+    write_json(args.output_json, result)
+    return result
+
+
+def _plot(result: dict[str, Any], path: str) -> None:
+    plt = pyplot()
+    if plt is None:
+        return
+    cs = [lv["concurrency"] for lv in result["levels"]]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    left.plot(cs, [lv["output_tokens_per_s"] for lv in result["levels"]], marker="o")
+    left.set(xlabel="concurrent requests", ylabel="output tokens/s", title="throughput")
+    right.plot(cs, [lv["ttft"]["median_ms"] for lv in result["levels"]], marker="o",
+               label="TTFT median")
+    right.plot(cs, [lv["itl"]["median_ms"] for lv in result["levels"]], marker="s",
+               label="ITL median")
+    right.set(xlabel="concurrent requests", ylabel="ms", title="latency")
+    right.legend()
+    fig.suptitle(result["model"], fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    print(f"plot written to {path}")
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("serve", help="a running server at several concurrency levels")
+    p.add_argument("--base-url", default="http://127.0.0.1:8000")
+    p.add_argument("--served-model", default=None, help="model name (default: the server's)")
+    p.add_argument("--api-key", default=None)
+    p.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
+    p.add_argument("--plot", default=None, help="PNG file for the plot")
+    p.add_argument("--no-progress", action="store_true")
+    add_prompt_args(p)
+    p.set_defaults(func=main)

@@ -1,0 +1,140 @@
+"""`tandem bench spec`: what speculation buys, over a range of k, single stream.
+
+For each k: acceptance by draft position (P(position i accepted), from the engine's counters),
+mean acceptance length, and the measured speedup over plain decoding of the target, against the
+standard model's prediction E(k) / (k c + 1), where E(k) = 1 + sum_i P(position i accepted) is
+the expected tokens per verify step and c the draft/target cost ratio (their plain decode times
+per token, measured here). `--adaptive` adds a run with adaptive speculation (k chosen per step,
+up to the largest k). The plot: acceptance by position, and measured vs predicted speedup vs k.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+from typing import Any
+
+from tandem.bench.common import add_prompt_args, load_prompts, make_llm, pyplot, write_json
+from tandem.bench.latency import run_one
+
+
+def _counters(llm: Any) -> tuple[int, int, list[int]]:
+    m = {x.name: x for x in llm.get_metrics()}
+    if "tandem:spec_decode_num_drafts" not in m:
+        return 0, 0, []
+    return (m["tandem:spec_decode_num_drafts"].value,
+            m["tandem:spec_decode_num_accepted_tokens"].value,
+            list(m["tandem:spec_decode_num_accepted_tokens_per_pos"].values))
+
+
+def _decode_rate(llm: Any, prompts: list[str], params: Any
+                 ) -> tuple[float, list[float], float]:
+    """Single-stream tokens/s, and (from the counters of the timed runs only) acceptance by
+    position and mean acceptance length."""
+    from tandem import SamplingParams
+    engine = llm.llm_engine
+    run_one(engine, prompts[0], SamplingParams(max_tokens=4, temperature=0), "warmup")
+    drafts0, accepted0, per_pos0 = _counters(llm)
+    runs = [run_one(engine, p, params, f"r{i}") for i, p in enumerate(prompts)]
+    drafts, accepted, per_pos = _counters(llm)
+    rate = sum(r["tokens"] for r in runs) / sum(r["seconds"] for r in runs)
+    n = drafts - drafts0
+    if n == 0:
+        return rate, [], 1.0
+    return (rate, [(a - b) / n for a, b in zip(per_pos, per_pos0)],
+            1 + (accepted - accepted0) / n)
+
+
+def main(args: argparse.Namespace) -> dict[str, Any]:
+    from tandem import SamplingParams
+    spec = json.loads(args.speculative_config)
+    if not isinstance(spec, dict) or "model" not in spec:
+        raise SystemExit("tandem bench spec needs --speculative-config with a draft 'model'")
+    prompts = load_prompts(args.prompts, args.num_prompts)
+    params = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens,
+                            ignore_eos=True, seed=args.seed)
+
+    def rate(model: str, speculative: Any) -> tuple[float, list[float], float]:
+        saved, args.model = args.model, model
+        llm = make_llm(args, speculative)
+        args.model = saved
+        measured = _decode_rate(llm, prompts, params)
+        del llm
+        gc.collect()
+        return measured
+
+    target_rate = rate(args.model, None)[0]
+    draft_rate = rate(spec["model"], None)[0]
+    c = target_rate / draft_rate
+    runs = []
+    variants = [(k, False) for k in args.k] + ([(max(args.k), True)] if args.adaptive else [])
+    for k, adaptive in variants:
+        tok_s, per_pos, length = rate(args.model, {**spec, "num_speculative_tokens": k,
+                                                   **({"adaptive": True} if adaptive else {})})
+        predicted = (1 + sum(per_pos)) / (k * c + 1)
+        runs.append({"k": k, "adaptive": adaptive, "tokens_per_s": tok_s,
+                     "acceptance_by_position": per_pos, "mean_acceptance_length": length,
+                     "speedup_measured": tok_s / target_rate,
+                     "speedup_predicted": None if adaptive else predicted})
+        print(f"k={k}{' adaptive' if adaptive else ''}: {tok_s:.1f} tok/s, acceptance length "
+              f"{length:.2f}, speedup {tok_s / target_rate:.2f}x measured"
+              + ("" if adaptive else f", {predicted:.2f}x predicted"))
+    result = {"benchmark": "spec", "model": args.model, "draft": spec["model"],
+              "speculative_config": spec, "num_prompts": len(prompts),
+              "max_tokens": args.max_tokens, "temperature": args.temperature,
+              "target_tokens_per_s": target_rate, "draft_tokens_per_s": draft_rate,
+              "cost_ratio_c": c, "runs": runs}
+    if args.plot:
+        _plot(result, args.plot)
+        result["plot"] = args.plot
+    write_json(args.output_json, result)
+    return result
+
+
+def _plot(result: dict[str, Any], path: str) -> None:
+    plt = pyplot()
+    if plt is None:
+        return
+    fixed = [r for r in result["runs"] if not r["adaptive"]]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for r in fixed:
+        left.plot(range(1, r["k"] + 1), r["acceptance_by_position"], marker="o",
+                  label=f"k={r['k']}")
+    left.set(xlabel="draft position", ylabel="P(accepted)", ylim=(0, 1.05),
+             title="acceptance by position",
+             xticks=range(1, max((r["k"] for r in fixed), default=1) + 1))
+    left.legend()
+    ks = [r["k"] for r in fixed]
+    right.plot(ks, [r["speedup_measured"] for r in fixed], marker="o", label="measured")
+    right.plot(ks, [r["speedup_predicted"] for r in fixed], marker="s", ls="--",
+               label="predicted E(k) / (k c + 1)")
+    for r in result["runs"]:
+        if r["adaptive"]:
+            right.axhline(r["speedup_measured"], color="green", ls=":", label="adaptive")
+    right.axhline(1.0, color="grey", lw=0.8)
+    right.set(xlabel="k (draft tokens per step)", ylabel="speedup over plain decoding", xticks=ks,
+              title=f"c = {result['cost_ratio_c']:.2f}")
+    right.legend()
+    fig.suptitle(f"{result['model']} drafted by {result['draft']}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    print(f"plot written to {path}")
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("spec", help="acceptance by position, cost ratio, measured vs predicted "
+                                    "speedup over a range of k")
+    p.add_argument("--model", required=True, help="the target model")
+    p.add_argument("--speculative-config", "-sc", required=True,
+                   help="JSON with the draft 'model' (and any other keys); k is varied")
+    p.add_argument("--k", type=int, nargs="+", default=[1, 2, 3, 4, 5])
+    p.add_argument("--adaptive", action="store_true", help="also run adaptive speculation")
+    p.add_argument("--plot", default=None, help="PNG file for the plot")
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--max-model-len", type=int, default=None, help="default: the model's")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=None)
+    add_prompt_args(p)
+    p.set_defaults(func=main)

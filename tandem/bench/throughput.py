@@ -1,0 +1,41 @@
+"""`tandem bench throughput`: every prompt at once through `LLM.generate` (offline batching)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from typing import Any
+
+from tandem.bench.common import add_engine_args, load_prompts, make_llm, write_json
+
+
+def main(args: argparse.Namespace) -> dict[str, Any]:
+    from tandem import SamplingParams
+    llm = make_llm(args)
+    prompts = load_prompts(args.prompts, args.num_prompts)
+    params = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens,
+                            ignore_eos=True, seed=args.seed)
+    llm.generate(prompts[:1], SamplingParams(max_tokens=4, temperature=0), use_tqdm=False)
+    t0 = time.perf_counter()
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    seconds = time.perf_counter() - t0
+    generated = sum(len(c.token_ids) for o in outs for c in o.outputs)
+    prompt_tokens = sum(len(o.prompt_token_ids) for o in outs)
+    result = {"benchmark": "throughput", "model": args.model,
+              "speculative_config": json.loads(args.speculative_config)
+              if args.speculative_config else None,
+              "num_prompts": len(prompts), "max_tokens": args.max_tokens, "seconds": seconds,
+              "requests_per_s": len(prompts) / seconds,
+              "output_tokens_per_s": generated / seconds,
+              "total_tokens_per_s": (generated + prompt_tokens) / seconds}
+    print(f"throughput: {len(prompts)} prompts in {seconds:.2f} s, "
+          f"{result['output_tokens_per_s']:.1f} output tok/s")
+    write_json(args.output_json, result)
+    return result
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("throughput", help="many prompts offline: tokens/s")
+    add_engine_args(p)
+    p.set_defaults(func=main)
