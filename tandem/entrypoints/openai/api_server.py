@@ -30,6 +30,7 @@ from tandem.entrypoints.openai.serving_chat import OpenAIServingChat
 from tandem.entrypoints.openai.serving_completion import OpenAIServingCompletion
 from tandem.entrypoints.openai.serving_engine import ServingOptions
 from tandem.entrypoints.openai.serving_tokenization import OpenAIServingTokenization
+from tandem.entrypoints.openai.web_page import add_page_routes
 from tandem.metrics import Metric, to_prometheus
 
 logger = logging.getLogger("tandem.server")
@@ -104,6 +105,7 @@ def build_app(engine: AsyncLLMEngine, served_model_names: Sequence[str],
 
     app = FastAPI(title="tandem", version=tandem_version(), lifespan=lifespan)
     install_error_handlers(app)
+    add_page_routes(app)  # the page at / and its assets under /static/
     json_only = [Depends(require_json)]
 
     @app.get("/health")

@@ -16,8 +16,10 @@ from tandem.entrypoints.openai.errors import error_body
 ASGIApp = Callable[[dict, Callable[[], Awaitable[dict]], Callable[[dict], Awaitable[None]]],
                    Awaitable[None]]
 
-# Load balancers and Prometheus must reach these without a key (as in vLLM).
-OPEN_PATHS = frozenset({"/health", "/ping", "/metrics", "/version"})
+# Load balancers and Prometheus must reach these without a key (as in vLLM); so must the web
+# page and its assets (web_page.py), which hold no data and ask for the key themselves.
+OPEN_PATHS = frozenset({"/health", "/ping", "/metrics", "/version", "/"})
+OPEN_PREFIXES = ("/static/",)
 
 
 class APIKeyMiddleware:
@@ -27,7 +29,7 @@ class APIKeyMiddleware:
 
     def _authorized(self, scope: dict) -> bool:
         if scope["type"] != "http" or scope["method"] == "OPTIONS" \
-                or scope["path"] in OPEN_PATHS:
+                or scope["path"] in OPEN_PATHS or scope["path"].startswith(OPEN_PREFIXES):
             return True
         given = dict(scope.get("headers") or []).get(b"authorization", b"")
         return any(secrets.compare_digest(given, token) for token in self.tokens)
