@@ -48,6 +48,10 @@ def resolve_dtype(dtype: Union[str, torch.dtype], hf_config: Any, device: torch.
     return _DTYPES[dtype]
 
 
+# "auto" detects safetensors or GGUF; "dummy" initialises random weights (vLLM's, benchmarks).
+LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     model: str                       # what the user asked for (name or path)
@@ -59,6 +63,7 @@ class ModelConfig:
     max_model_len: int
     seed: int
     revision: Optional[str] = None
+    load_format: str = "auto"        # "dummy": random weights (benchmarks), no weight files
 
     @property
     def architecture(self) -> str:
@@ -71,11 +76,15 @@ class ModelConfig:
     @staticmethod
     def create(model: str, tokenizer: Optional[str], dtype: Union[str, torch.dtype],
                max_model_len: Optional[int], seed: int, revision: Optional[str],
-               device: torch.device, field_prefix: str = "") -> ModelConfig:
+               device: torch.device, field_prefix: str = "", load_format: str = "auto"
+               ) -> ModelConfig:
         from tandem.loader.hf_config import load_hf_config
         from tandem.loader.model_source import resolve_model
 
-        source = resolve_model(model, revision=revision)
+        if load_format not in LOAD_FORMATS:
+            raise ValueError(f"load_format must be one of {list(LOAD_FORMATS)}, got "
+                             f"{load_format!r} (formats are detected from the files).")
+        source = resolve_model(model, revision=revision, need_weights=load_format != "dummy")
         hf_config = load_hf_config(source)
         derived = model_max_len(hf_config)
         if max_model_len is None:
@@ -94,7 +103,8 @@ class ModelConfig:
         return ModelConfig(model=model, model_dir=str(source.model_dir), gguf_file=gguf,
                            tokenizer=tokenizer or (gguf or str(source.model_dir)),
                            hf_config=hf_config, dtype=resolve_dtype(dtype, hf_config, device),
-                           max_model_len=int(max_model_len), seed=seed, revision=revision)
+                           max_model_len=int(max_model_len), seed=seed, revision=revision,
+                           load_format=load_format)
 
 
 def model_max_len(hf_config: Any) -> int:
@@ -223,7 +233,7 @@ class EngineConfig:
                master_addr: Optional[str] = None, master_port: Optional[int] = None,
                quantization: Optional[str] = None, kv_cache_dtype: str = "auto",
                max_logprobs: int = 20, generation_config: str = "auto",
-               **unknown: Any) -> EngineConfig:
+               load_format: str = "auto", **unknown: Any) -> EngineConfig:
         """`enforce_eager` and `trust_remote_code` are accepted so vLLM call sites run unchanged:
         tandem always runs eagerly and only runs its own model code."""
         if unknown:
@@ -235,7 +245,7 @@ class EngineConfig:
         parallel = _parallel_config(tensor_parallel_size, nnodes, node_rank, master_addr,
                                     master_port)
         model_config = ModelConfig.create(model, tokenizer, dtype, max_model_len, seed, revision,
-                                          dev)
+                                          dev, load_format=load_format)
         _check_weights_and_cache(model_config, quantization, kv_cache_dtype, max_logprobs)
         check_tp_size(model_config.hf_config, parallel.tensor_parallel_size,
                       "tensor_parallel_size", model)

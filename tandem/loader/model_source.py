@@ -126,14 +126,15 @@ def _from_gguf_file(path: Path) -> ModelSource:
     return ModelSource(path.parent, path, f"GGUF file {path}")
 
 
-def _from_directory(directory: Path, gguf_file: str | None) -> ModelSource:
+def _from_directory(directory: Path, gguf_file: str | None, need_weights: bool = True
+                    ) -> ModelSource:
     if gguf_file is not None:
         path = directory / gguf_file
         if not path.is_file():
             raise ModelNotFoundError(f"GGUF file {gguf_file!r} not found in {directory}")
         return _from_gguf_file(path)
     if (directory / "config.json").is_file():
-        if not any(directory.glob("*.safetensors")):
+        if need_weights and not any(directory.glob("*.safetensors")):
             raise ModelNotFoundError(f"{directory} has a config.json but no *.safetensors weights "
                                      "(tandem loads safetensors or GGUF only)")
         return ModelSource(directory, None, f"Hugging Face directory {directory}")
@@ -163,15 +164,17 @@ def _from_hub(repo_id: str, revision: str | None, gguf_file: str | None, cache_d
     return ModelSource(source.model_dir, source.gguf_file, f"{repo_id}{rev} from the Hub cache ({folder})")
 
 
-def resolve_model(model: str, revision: str | None = None, gguf_file: str | None = None) -> ModelSource:
-    """Resolve a local path, GGUF file or Hub id `model` to a ModelSource; raises ModelNotFoundError."""
+def resolve_model(model: str, revision: str | None = None, gguf_file: str | None = None,
+                  need_weights: bool = True) -> ModelSource:
+    """Resolve a local path, GGUF file or Hub id `model` to a ModelSource; raises ModelNotFoundError.
+    `need_weights` False (load_format "dummy") accepts a directory with only a config."""
     path = Path(model).expanduser()
     if path.is_file():
         if path.suffix.lower() != ".gguf":
             raise ModelNotFoundError(f"{path} is a file but not a .gguf; pass a model directory instead")
         return _from_gguf_file(path.resolve())
     if path.is_dir():
-        return _from_directory(path.resolve(), gguf_file)
+        return _from_directory(path.resolve(), gguf_file, need_weights)
     if not _REPO_ID_RE.match(model):
         raise ModelNotFoundError(f"model {model!r}: no such file or directory ({path.resolve()}), "
                                  "and it is not a Hub id of the form org/name")

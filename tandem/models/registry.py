@@ -41,5 +41,6 @@ def build_model(hf_config: Any, dtype: torch.dtype, device: torch.device, weight
             model = cls(hf_config)
     finally:
         torch.set_default_dtype(prev)
-    model.load_weights(weights)
+    if weights is not None:  # None: the caller initialises them (load_format "dummy")
+        model.load_weights(weights)
     return model.eval()

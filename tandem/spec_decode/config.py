@@ -177,7 +177,8 @@ class SpeculativeConfig:
 
         # The draft inherits dtype and seed from the target (as in vLLM).
         draft = ModelConfig.create(self.model, None, target.dtype, None, target.seed,
-                                   self.revision, device, field_prefix="speculative_config.")
+                                   self.revision, device, field_prefix="speculative_config.",
+                                   load_format=target.load_format)
         if self.max_model_len is not None:
             if self.max_model_len > draft.max_model_len:
                 raise ValueError(f"speculative_max_model_len={self.max_model_len} cannot be "

@@ -1,0 +1,139 @@
+"""Decode speed on a CUDA machine: a random-weight Qwen3-8B-shaped target with a random-weight
+Qwen3-0.6B-shaped draft in bfloat16 (load_format "dummy": only the configs exist), speculation
+at a synthetic acceptance (NOT lossless: benchmarking only, see sample/synthetic_sampler.py).
+
+For batch sizes 1, 8 and 32: decode tokens/s without and with speculation, time per engine step,
+and the memory-bandwidth floor of a plain decode step (weights + KV read once, at the copy
+bandwidth measured here). Writes benchmarks/results/gpu.json. Needs torch with CUDA and
+transformers; no network. Run by benchmarks/gpu.sh.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))  # the tiny tokenizer builder (no download)
+
+QWEN3_8B = dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
+                num_attention_heads=32, num_key_value_heads=8, head_dim=128,
+                tie_word_embeddings=False)
+QWEN3_06B = dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
+                 num_attention_heads=16, num_key_value_heads=8, head_dim=128,
+                 tie_word_embeddings=True)
+
+
+def write_config(out: Path, shape: dict) -> str:
+    from transformers import Qwen3Config
+
+    from tiny_models import build_bytelevel_tokenizer
+    out.mkdir(parents=True, exist_ok=True)
+    cfg = Qwen3Config(vocab_size=151936, max_position_embeddings=4096, rms_norm_eps=1e-6,
+                      rope_theta=1000000.0, architectures=["Qwen3ForCausalLM"],
+                      bos_token_id=1, eos_token_id=2, dtype="bfloat16", **shape)
+    cfg.save_pretrained(out)
+    build_bytelevel_tokenizer(out)  # ids past its length are padding of the 151,936 vocabulary
+    return str(out)
+
+
+def copy_bandwidth() -> float:
+    """Bytes per second of a device-to-device copy (read + write) of 2 GiB."""
+    a = torch.empty(1 << 30, dtype=torch.bfloat16, device="cuda")
+    b = torch.empty_like(a)
+    b.copy_(a)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(10):
+        b.copy_(a)
+    torch.cuda.synchronize()
+    return 10 * 2 * a.numel() * a.element_size() / (time.perf_counter() - t0)
+
+
+def decode(llm, batch: int, prompt_len: int, tokens: int) -> dict:
+    from tandem import SamplingParams
+    engine = llm.llm_engine
+    params = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True)
+    for i in range(batch):
+        engine.add_request(f"b{batch}-{i}-{time.monotonic_ns()}",
+                           [(7 * i + j) % 1000 + 10 for j in range(prompt_len)], params)
+    engine.step()  # prefill (and the first tokens)
+    torch.cuda.synchronize()
+    steps, t0 = 0, time.perf_counter()
+    while engine.has_unfinished_requests():
+        engine.step()
+        steps += 1
+    torch.cuda.synchronize()
+    seconds = time.perf_counter() - t0
+    generated = batch * (tokens - 1)
+    return {"tokens_per_s": generated / seconds, "steps": steps,
+            "ms_per_step": 1000 * seconds / max(steps, 1)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
+    ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--prompt-len", type=int, default=128)
+    ap.add_argument("--k", type=int, default=4)
+    ap.add_argument("--acceptance", type=float, default=0.8,
+                   help="synthetic conditional acceptance per position")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("bench_gpu.py needs a CUDA device")
+    from tandem import LLM
+
+    work = Path(tempfile.mkdtemp(prefix="tandem-gpu-"))
+    target = write_config(work / "qwen3-8b-shaped", QWEN3_8B)
+    draft = write_config(work / "qwen3-0.6b-shaped", QWEN3_06B)
+    bandwidth = copy_bandwidth()
+    rates = [args.acceptance ** (i + 1) for i in range(args.k)]
+    common = dict(dtype="bfloat16", load_format="dummy", max_model_len=2048,
+                  enable_prefix_caching=False, gpu_memory_utilization=0.85)
+    results: dict = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
+                     "copy_bandwidth_GBps": bandwidth / 1e9, "k": args.k,
+                     "synthetic_acceptance_rates": rates, "runs": []}
+    t0 = time.perf_counter()
+    plain = LLM(model=target, **common)
+    results["startup_s"] = time.perf_counter() - t0
+    weight_bytes = sum(p.numel() * p.element_size()
+                       for p in plain.llm_engine.executor.models["target"].parameters()) \
+        if hasattr(plain.llm_engine.executor, "models") else None
+    kv_per_token = 2 * 36 * 8 * 128 * 2  # K and V, layers, KV heads, head dim, bf16
+    for b in args.batches:
+        decode(plain, b, 16, 4)  # warm-up
+        run = {"batch": b, "plain": decode(plain, b, args.prompt_len, args.tokens)}
+        if weight_bytes:
+            kv = b * (args.prompt_len + args.tokens // 2) * kv_per_token
+            run["floor_ms_per_step"] = 1000 * (weight_bytes + kv) / (bandwidth / 2)
+        results["runs"].append(run)
+    del plain
+    torch.cuda.empty_cache()
+    spec = LLM(model=target, speculative_config={
+        "model": draft, "num_speculative_tokens": args.k, "rejection_sample_method": "synthetic",
+        "synthetic_acceptance_rates": rates}, **common)
+    for run in results["runs"]:
+        decode(spec, run["batch"], 16, 4)
+        run["speculative"] = decode(spec, run["batch"], args.prompt_len, args.tokens)
+        run["speedup"] = run["speculative"]["tokens_per_s"] / run["plain"]["tokens_per_s"]
+    for run in results["runs"]:
+        floor = run.get("floor_ms_per_step")
+        print(f"batch {run['batch']:3d}: plain {run['plain']['tokens_per_s']:8.1f} tok/s "
+              f"({run['plain']['ms_per_step']:.2f} ms/step"
+              + (f", floor {floor:.2f} ms" if floor else "") + f"), speculative "
+              f"{run['speculative']['tokens_per_s']:8.1f} tok/s, {run['speedup']:.2f}x")
+    out = ROOT / "benchmarks" / "results" / "gpu.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=2))
+    print(f"saved {out}")
+
+
+if __name__ == "__main__":
+    main()
