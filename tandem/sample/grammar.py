@@ -28,7 +28,8 @@ _REGEX_SPECIAL = re.compile(r"([\\.^$|?*+()\[\]{}])")
 
 
 def _grammar_text(spec: StructuredOutputsParams) -> str:
-    from llguidance import LLMatcher, gbnf_to_lark
+    from llguidance import LLMatcher
+    from llguidance.gbnf_to_lark import gbnf_to_lark  # (the package's name is the module)
 
     options = {"whitespace_flexible": not spec.disable_any_whitespace}
     kind = spec.kind
@@ -41,7 +42,12 @@ def _grammar_text(spec: StructuredOutputsParams) -> str:
     if kind == "choice":
         alternatives = "|".join(_REGEX_SPECIAL.sub(r"\\\1", c) for c in spec.choice)
         return LLMatcher.grammar_from_regex(f"({alternatives})")
-    text = gbnf_to_lark(spec.grammar) if "::=" in spec.grammar else spec.grammar
+    text = spec.grammar
+    if "::=" in text:
+        try:
+            text = gbnf_to_lark(text)
+        except Exception as e:  # noqa: BLE001 - llguidance raises a bare Exception here
+            raise ValueError(f"not a valid GBNF grammar: {e}") from None
     return LLMatcher.grammar_from_lark(text)
 
 
