@@ -182,6 +182,9 @@ def make_serve_parser(parser: Optional[argparse.ArgumentParser] = None) -> argpa
                    help="KV cache element type: auto (the model's dtype) is the one supported")
     p.add_argument("--block-size", type=int, default=16, choices=[1, 8, 16, 32, 64, 128],
                    help="tokens per KV cache block")
+    p.add_argument("--load-format", default="auto",
+                   help="auto (safetensors or GGUF, detected), safetensors, gguf, or dummy "
+                        "(random weights from config.json alone: for benchmarks)")
     p.add_argument("-q", "--quantization", default=None,
                    help="weights' quantization: gguf (dequantized to --dtype at load) or none")
     p.add_argument("-sc", "--speculative-config", default=None,
@@ -268,7 +271,8 @@ def parse_serve_args(argv: Sequence[str]) -> argparse.Namespace:
         raise ArgumentError(str(e)) from None
     normalized, dotted = _extract_dotted(normalize_argv(argv), "--speculative-config")
     args = make_serve_parser().parse_args(normalized)
-    args.model = args.model_flag or args.model_tag
+    # The positional model wins over --model (and so over a --config file's `model:`), as in vLLM.
+    args.model = args.model_tag or args.model_flag
     if not args.model:
         raise ArgumentError("a model is required: tandem serve MODEL (or --model MODEL)")
     try:
@@ -317,7 +321,7 @@ def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
                 speculative_config=args.speculative_config, revision=args.revision,
                 block_size=args.block_size, quantization=args.quantization,
                 kv_cache_dtype=args.kv_cache_dtype, max_logprobs=args.max_logprobs,
-                generation_config=args.generation_config)
+                generation_config=args.generation_config, load_format=args.load_format)
 
 
 def one_line(error: BaseException) -> str:

@@ -38,7 +38,6 @@ REFUSED_UNLESS = {
     "--cpu-offload-gb": (0, "weights are not offloaded"),
     "--enable-lora": (False, "LoRA adapters are not supported"),
     "--reasoning-parser": (None, "reasoning parsers are not implemented"),
-    "--load-format": ("auto", "formats are detected from the files (safetensors or GGUF)"),
     "--tokenizer-mode": ("auto", "tokenizers load through transformers' fast tokenizers"),
     "--download-dir": (None, "models come from the Hugging Face cache or the bundled copies; "
                              "set HF_HOME to move the cache"),
@@ -114,7 +113,10 @@ def config_file_args(argv: Sequence[str]) -> list[str]:
         flag = "--" + str(key).replace("_", "-")
         if value is True:
             flags.append(flag)
-        elif value is False or value is None:
+        elif value is False:  # --no-FLAG where the flag has one; else the default already
+            if "--no-" + flag[2:] in _negatable_flags():
+                flags.append("--no-" + flag[2:])
+        elif value is None:
             continue
         elif isinstance(value, list):
             flags += [flag, *[str(v) for v in value]]
@@ -124,6 +126,14 @@ def config_file_args(argv: Sequence[str]) -> list[str]:
         else:
             flags += [flag, str(value)]
     return flags + out
+
+
+def _negatable_flags() -> set[str]:
+    """The parser's `--no-FLAG` spellings (flags on by default, such as prefix caching)."""
+    from tandem.entrypoints.openai.args import make_serve_parser
+
+    return {o for a in make_serve_parser()._actions for o in a.option_strings
+            if o.startswith("--no-")}
 
 
 def log_notes(notes: list[str]) -> None:

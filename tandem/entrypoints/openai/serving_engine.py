@@ -115,8 +115,9 @@ class OpenAIServing(RequestParams):
                 f"This model's maximum context length is {self.max_model_len} tokens. However, "
                 f"your {what} has {prompt_len} tokens, which leaves no room for a completion. "
                 f"Please reduce the length of the {what}.", param="prompt")
-        if max_tokens is None:
-            return self.max_model_len - prompt_len
+        if max_tokens is None:  # the generation config's max_new_tokens, else the room left
+            room = self.max_model_len - prompt_len
+            return min(room, int(self.defaults.get("max_tokens") or room))
         if max_tokens >= 1 and prompt_len + max_tokens > self.max_model_len:
             raise OpenAIError(
                 f"This model's maximum context length is {self.max_model_len} tokens. However, "

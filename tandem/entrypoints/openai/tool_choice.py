@@ -81,7 +81,8 @@ def plan_tools(tools: Any, tool_choice: Any, enable_auto: bool,
         items = [{"type": "object",
                   "properties": {"name": {"type": "string", "enum": [name]},
                                  "parameters": _schema(tool)},
-                  "required": ["name", "parameters"]} for name, tool in by_name.items()]
+                  "required": ["name", "parameters"], "additionalProperties": False}
+                 for name, tool in by_name.items()]  # no other keys (xgrammar's strict mode)
         schema = {"type": "array", "minItems": 1, "items": {"anyOf": items}}
         return ToolPlan("required", tools, StructuredOutputsParams(json=schema))
     if isinstance(choice, dict):
