@@ -46,3 +46,24 @@ def build_target(out_dir: Path, extra: int, eps: float) -> Path:
     load_gguf_tokenizer(gguf).save_pretrained(out_dir)
     stamp.write_text(json.dumps(spec))
     return out_dir
+
+
+def build_random_draft(out_dir: Path, layers: int = 4, hidden: int = 256, seed: int = 0) -> Path:
+    """A useless draft for SmolLM2-shaped targets: SmolLM2's tokenizer, independent random
+    weights (a small llama), so it almost never agrees. For adaptive speculation's worst case."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    out_dir = Path(out_dir)
+    if (out_dir / "model.safetensors").exists():
+        return out_dir
+    gguf = resolve_model(SMOLLM2).gguf_file
+    cfg = load_gguf_config(gguf)
+    cfg.num_hidden_layers, cfg.hidden_size, cfg.intermediate_size = layers, hidden, 4 * hidden
+    cfg.num_attention_heads, cfg.num_key_value_heads = 4, 4
+    cfg.head_dim = hidden // 4
+    cfg.architectures = ["LlamaForCausalLM"]
+    torch.manual_seed(seed)
+    AutoModelForCausalLM.from_config(cfg).save_pretrained(out_dir)
+    load_gguf_tokenizer(gguf).save_pretrained(out_dir)
+    return out_dir

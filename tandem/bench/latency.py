@@ -32,12 +32,14 @@ def run_one(engine: Any, prompt: str, params: Any, request_id: str) -> dict[str,
 
 def main(args: argparse.Namespace) -> dict[str, Any]:
     from tandem import SamplingParams
+    t0 = time.perf_counter()
     llm = make_llm(args)
     engine = llm.llm_engine
     prompts = load_prompts(args.prompts, args.num_prompts)
     params = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens,
                             ignore_eos=True, seed=args.seed)
-    run_one(engine, prompts[0], SamplingParams(max_tokens=4, temperature=0), "warmup")
+    warm = run_one(engine, prompts[0], SamplingParams(max_tokens=4, temperature=0), "warmup")
+    startup = time.perf_counter() - t0 - (warm["seconds"] - warm["ttft"])  # to a first token
     runs = [run_one(engine, p, params, f"r{i}") for i, p in enumerate(prompts)]
     tokens = sum(r["tokens"] for r in runs)
     decode_tokens = sum(r["tokens"] - 1 for r in runs)
@@ -46,6 +48,7 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
         "speculative_config": json.loads(args.speculative_config)
         if args.speculative_config else None,
         "num_prompts": len(prompts), "max_tokens": args.max_tokens,
+        "startup_to_first_token_s": startup,
         "ttft": summary([r["ttft"] for r in runs]),
         "itl": summary([g for r in runs for g in r["gaps"]]),
         "tpot_ms": 1000 * sum(r["decode_seconds"] for r in runs) / max(decode_tokens, 1),

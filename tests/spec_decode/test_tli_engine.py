@@ -26,7 +26,8 @@ def tokens(outputs) -> list[list[int]]:
 
 
 def metrics(llm: LLM) -> dict:
-    return {m.name: (m.values if hasattr(m, "values") else m.value) for m in llm.get_metrics()}
+    return {m.name: (m.values if hasattr(m, "values") else m.value) for m in llm.get_metrics()
+            if hasattr(m, "values") or hasattr(m, "value")}  # histograms have neither
 
 
 def tli(target: str, draft: str, k: int = 3, method: str = "greedy", feedback: str = "reencode",

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# The numbers of docs/performance.md's "tandem bench" section, in one go, on a quiet machine:
+# SmolLM2-135M float32 (bundled GGUF), 2 threads. Writes benchmarks/results/*.json and docs/*.png.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export HF_HUB_OFFLINE=1
+B=".venv/bin/tandem bench"
+SMOL=HuggingFaceTB/SmolLM2-135M-Instruct
+P=../shared/data/prompts.jsonl
+[ -f "$P" ] || P=""
+R=benchmarks/results
+W=${TMPDIR:-/tmp}/tandem-bench
+mkdir -p "$R" "$W"
+.venv/bin/python - "$W" <<'PY'
+import sys
+from pathlib import Path
+sys.path.insert(0, "benchmarks")
+from synthetic_pair import build_random_draft, build_target
+w = Path(sys.argv[1])
+build_target(w / "target-90-0.02", 90, 0.02)
+build_random_draft(w / "random-draft")
+PY
+$B latency --model $SMOL ${P:+--prompts $P} --num-prompts 4 --max-tokens 128 --threads 2 \
+  --peers --output-json $R/latency.json
+$B throughput --model $SMOL ${P:+--prompts $P} --num-prompts 16 --max-tokens 128 --threads 2 \
+  --output-json $R/throughput.json
+$B spec --model "$W/target-90-0.02" -sc "{\"model\": \"$SMOL\"}" --k 1 2 3 4 5 --adaptive \
+  ${P:+--prompts $P} --num-prompts 4 --max-tokens 64 --threads 2 --plot docs/spec.png \
+  --output-json $R/spec_synthetic.json
+$B spec --model $SMOL -sc "{\"model\": \"$W/random-draft\"}" --k 1 3 --adaptive \
+  ${P:+--prompts $P} --num-prompts 4 --max-tokens 64 --threads 2 \
+  --output-json $R/spec_random_draft.json
