@@ -15,28 +15,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from tandem.distributed.parallel_state import current_group
-
-
-def _has_onednn_linear() -> bool:
-    try:
-        return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn,
-                                                                 "_linear_pointwise")
-    except (AttributeError, RuntimeError):
-        return False
-
-
-_ONEDNN_LINEAR = _has_onednn_linear()
+from tandem.layers.matmul_choice import kernel_for
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor,
            bias: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """x: [T, in] @ weight[out, in].T (+ bias) -> [T, out].
-
-    On CPU in float32 this goes through oneDNN: for the skinny matmuls of decoding (T = 1..16) it
-    streams weights about twice as fast as the default BLAS path here (11.9 vs 25 ms for SmolLM2's
-    30 layers at T = 1, 17 vs 38 ms at T = 4, measured on the 2-core dev machine)."""
-    if _ONEDNN_LINEAR and x.dtype == torch.float32 and x.device.type == "cpu" and x.dim() == 2:
-        return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+    """x: [T, in] @ weight[out, in].T (+ bias) -> [T, out]. On CPU in float32 through oneDNN or
+    BLAS, whichever measured faster on this machine for this shape (layers/matmul_choice.py)."""
+    if x.dtype == torch.float32 and x.device.type == "cpu" and x.dim() == 2:
+        return kernel_for(x, weight, bias)(x, weight, bias)
     return F.linear(x, weight, bias)
 
 

@@ -14,8 +14,10 @@ so the choice is argmax_k B * E(k) / C(k); k = 0 skips the draft altogether (it 
 the skipped tokens in one pass when drafting resumes). r_i are exponentially weighted averages of
 the observed acceptances; the target's cost is a line in the number of tokens it verifies, and
 the draft's a line in the batch size, both fitted by exponentially weighted least squares from
-measured step times. Positions not drafted lately keep their last estimate, and every
-`probe_interval` steps at k < K one step drafts K, so a draft that became useful is noticed.
+measured step times. Positions not drafted lately keep their last estimate. After
+`probe_interval` steps at some k < K, one step drafts k + 1, so a draft that became more useful
+is noticed; a probe that changes nothing doubles the interval (up to `max_probe_interval`), so
+a useless draft costs ever less.
 
 Lossless whatever it picks: every step is an ordinary speculative (or plain) step. Seeded
 sampling then depends on timing, as the choice of k changes which uniforms a position uses.
@@ -52,17 +54,20 @@ class _LineFit:
 
 
 class AdaptiveK:
-    def __init__(self, k_max: int, warmup_steps: int = 8, probe_interval: int = 32,
-                 decay: float = 0.9) -> None:
+    def __init__(self, k_max: int, warmup_steps: int = 4, probe_interval: int = 16,
+                 max_probe_interval: int = 512, decay: float = 0.9) -> None:
         self.k_max = k_max
         self.warmup_steps = warmup_steps
         self.probe_interval = probe_interval
+        self.base_probe_interval = probe_interval
+        self.max_probe_interval = max_probe_interval
         self.decay = decay
         self.rates: list[Optional[float]] = [None] * k_max  # r_i, conditional acceptance
         self.target = _LineFit()  # seconds per forward vs tokens verified
         self.draft = _LineFit()   # seconds per draft pass vs batch size
         self.steps = 0
         self._since_probe = 0
+        self._settled = k_max  # the last choice made by the model (not a probe)
         self.last_k = k_max
 
     # ---- measurements ----------------------------------------------------------------------
@@ -107,9 +112,18 @@ class AdaptiveK:
             return self.last_k
         best = max(range(self.k_max + 1),
                    key=lambda k: self.expected_tokens(k) / self.cost(k, batch_size))
-        self._since_probe = 0 if best == self.k_max else self._since_probe + 1
-        if self._since_probe >= self.probe_interval:
+        if best == self.k_max:
             self._since_probe = 0
-            best = self.k_max
+        elif best != self._settled:  # the choice moved by itself: probe soon again
+            self._since_probe, self.probe_interval = 0, self.base_probe_interval
+        else:
+            self._since_probe += 1
+            if self._since_probe >= self.probe_interval:
+                self._since_probe = 0
+                self.probe_interval = min(2 * self.probe_interval, self.max_probe_interval)
+                self._settled = best
+                self.last_k = best + 1
+                return self.last_k
+        self._settled = best
         self.last_k = best
         return best

@@ -45,11 +45,14 @@ def test_the_best_k_follows_the_batch_size() -> None:
     assert ad.choose(64) < 2
 
 
-def test_a_probe_step_drafts_k_after_probe_interval_steps_at_less() -> None:
+def test_probes_draft_one_more_and_back_off_while_nothing_changes() -> None:
     ad = _measured(3, 0.0, (20, 0.1), draft_ms=5)
-    ad.probe_interval = 4
-    ks = [ad.choose(1) for _ in range(10)]
-    assert ks == [0, 0, 0, 3, 0, 0, 0, 3, 0, 0]
+    ad.probe_interval = ad.base_probe_interval = 2
+    ks = [ad.choose(1) for _ in range(40)]
+    # settled on 0; a probe at k = 1 after 2 steps, then after 4, 8 and 16 more
+    assert [i for i, k in enumerate(ks) if k] == [2, 6, 14, 30] and set(ks) == {0, 1}
+    ad.rates = [0.9, 0.9, 0.9]  # the draft became good: drafting resumes at once
+    assert ad.choose(1) == 3
 
 
 def test_acceptance_estimates_follow_observations() -> None:
