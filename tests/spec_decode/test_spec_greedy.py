@@ -130,3 +130,18 @@ def test_preemption_and_prefix_cache_keep_output(tiny_dirs, prompts, reference):
     assert m["tandem:num_preemptions"] > 0
     assert m["tandem:prefix_cache_hits"] > 0
     assert llm.llm_engine.num_free_kv_blocks() == llm.llm_engine.num_blocks
+
+
+def test_greedy_beside_sampled_requests_with_fewer_drafts(tiny_dirs, prompts):
+    """Probabilistic drafting in a mixed batch: a sampled request near its max_tokens drafts
+    fewer tokens than a greedy one, so the draft's later steps see greedy rows only (no q). The
+    greedy request must still verify (it once failed: draft_probs had fewer rows than drafts)."""
+    target = tiny_dirs["llama"]
+    llm = LLM(model=target, speculative_config={"model": target, "num_speculative_tokens": 3,
+                                                "draft_sample_method": "probabilistic"})
+    greedy = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    sampled = SamplingParams(temperature=1.0, seed=5, max_tokens=3, ignore_eos=True)
+    outs = llm.generate([prompts[0], prompts[1]], [greedy, sampled], use_tqdm=False)
+    plain = LLM(model=target).generate([prompts[0]], greedy, use_tqdm=False)
+    assert outs[0].outputs[0].token_ids == plain[0].outputs[0].token_ids
+    assert outs[0].outputs[0].finish_reason == "length" and len(outs[1].outputs[0].token_ids) == 3
