@@ -28,7 +28,7 @@ from tandem.engine.latency_metrics import LatencyMetrics
 from tandem.engine.request_checks import check_logprobs, validate_prompt
 from tandem.engine.request_group import RequestGroup
 from tandem.engine.spec_tracking import SpecTracker
-from tandem.engine.stop_checker import check_stop
+from tandem.engine.stop_checker import check_finished
 from tandem.distributed.executor import make_executor
 from tandem.loader.generation_config import sampling_defaults
 from tandem.loader.tokenizer import load_tokenizer
@@ -251,22 +251,9 @@ class LLMEngine:
             req.cumulative_logprob += lps[j][token].logprob
 
     def _check_stop(self, req: Request) -> Optional[RequestStatus]:
-        status = check_stop(req, self.model_config.max_model_len)
         parent = self._child_parent.get(req.request_id)
-        if parent is None:
-            return status
-        token_stop = status is RequestStatus.FINISHED_STOPPED
-        if not token_stop or req.params.include_stop_str_in_output:
-            # The stop token itself is not part of the text (as in vLLM).
-            matched = parent.detoks[req.request_id].add_token(
-                req.output_token_ids[-1],
-                stops_allowed=len(req.output_token_ids) >= req.params.min_tokens)
-            if matched is not None:
-                req.stop_reason = matched
-                return RequestStatus.FINISHED_STOPPED
-        if status is None and req.grammar is not None and req.grammar.finished:
-            return RequestStatus.FINISHED_STOPPED  # the structured output is complete
-        return status
+        detok = parent.detoks[req.request_id] if parent is not None else None
+        return check_finished(req, detok, self.model_config.max_model_len)
 
     def _make_outputs(self, progressed: list[Request]) -> list[RequestOutput]:
         groups: dict[str, RequestGroup] = {}
