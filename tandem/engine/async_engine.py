@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable, Optional, Union
 
 from tandem.distributed.errors import WorkerDiedError
+from tandem.metrics import with_vllm_names
 from tandem.outputs import RequestOutput
 from tandem.sampling_params import SamplingParams
 
@@ -168,7 +169,7 @@ class AsyncLLMEngine:
         return await asyncio.wrap_future(cmd.done)
 
     async def get_metrics(self) -> list:
-        return await self.call(lambda engine: engine.get_metrics())
+        return await self.call(lambda engine: with_vllm_names(engine.get_metrics()))
 
     def metrics_snapshot(self) -> list:
         """The metrics as of the last step (no wait for the engine thread)."""

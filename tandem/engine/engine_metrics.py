@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from tandem.metrics import PREFIX, AnyMetric, Metric, with_vllm_names
+from tandem.metrics import PREFIX, AnyMetric, Metric
 
 if TYPE_CHECKING:
     from tandem.engine.llm_engine import LLMEngine
@@ -31,4 +31,6 @@ def engine_metrics(engine: LLMEngine) -> list[AnyMetric]:
     if engine.spec_metrics is not None:
         metrics.extend(engine.spec_metrics.metrics())
     metrics.extend(engine.latency.metrics())
-    return with_vllm_names(metrics)
+    # The vllm: copies are added where metrics are read (LLM.get_metrics, /metrics), not in the
+    # snapshot the server's engine thread takes after every step.
+    return metrics

@@ -31,7 +31,7 @@ class SpecTracker:
         for s in sched.scheduled:
             rid = s.request.request_id
             if s.spec_token_ids and rid in result.sampled:
-                self._drafts[rid] = list(s.spec_token_ids)
+                self._drafts[rid] = s.spec_token_ids  # read only, before the next step
                 accepted = len(result.sampled[rid]) - 1
                 if self.metrics is not None:
                     self.metrics.observe(len(s.spec_token_ids), accepted)

@@ -9,7 +9,7 @@ from tqdm.auto import tqdm
 
 from tandem.engine.llm_engine import LLMEngine
 from tandem.entrypoints.chat_utils import apply_chat_template
-from tandem.metrics import Metric, Vector
+from tandem.metrics import AnyMetric, with_vllm_names
 from tandem.outputs import RequestOutput
 from tandem.sampling_params import SamplingParams
 
@@ -81,8 +81,8 @@ class LLM:
             prompts.append(tok.encode(text, add_special_tokens=False))
         return self.generate(prompts, sampling_params, use_tqdm)
 
-    def get_metrics(self) -> list[Union[Metric, Vector]]:
-        return self.llm_engine.get_metrics()
+    def get_metrics(self) -> list[AnyMetric]:
+        return with_vllm_names(self.llm_engine.get_metrics())
 
     def _run(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
         engine = self.llm_engine

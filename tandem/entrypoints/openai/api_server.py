@@ -31,7 +31,7 @@ from tandem.entrypoints.openai.serving_completion import OpenAIServingCompletion
 from tandem.entrypoints.openai.serving_engine import ServingOptions
 from tandem.entrypoints.openai.serving_tokenization import OpenAIServingTokenization
 from tandem.entrypoints.openai.web_page import add_page_routes
-from tandem.metrics import Metric, to_prometheus
+from tandem.metrics import Metric, to_prometheus, with_vllm_names
 
 logger = logging.getLogger("tandem.server")
 
@@ -71,7 +71,7 @@ def render_metrics(metrics: Sequence[Any], model_name: str) -> str:
     """Prometheus text with one TYPE line per metric family (labelled series share a name)."""
     seen: set[str] = set()
     lines: list[str] = []
-    for line in to_prometheus(list(metrics), model_name).splitlines():
+    for line in to_prometheus(with_vllm_names(list(metrics)), model_name).splitlines():
         if line.startswith("# TYPE"):
             if line in seen:
                 continue
