@@ -2,8 +2,10 @@
 
 Requests are laid out one after another in the flat token dimension. For attention they are split
 into groups (consecutive requests); each group is padded to [G, Qmax] queries and [G, Lmax] keys
-gathered from the paged cache by slot id. Decode and verification steps (a few queries each) share
-one group; each long prefill chunk gets its own, so padding never multiplies a prefill's cost.
+gathered from the paged cache by slot id. Only a request's own slots are read (padding reads the
+null block), so stale values in a block's unused tail can never reach another request. Decode and verification steps (a
+few queries each) share one group; each long prefill chunk gets its own, so padding never
+multiplies a prefill's cost. Everything here is built once per forward and shared by all layers.
 """
 
 from __future__ import annotations
@@ -19,25 +21,42 @@ SMALL_QUERY = 16
 
 @dataclass
 class AttnGroup:
-    q_index: torch.Tensor    # [G, Qmax] int64 flat token index of each query (padding -> 0)
-    q_pos: torch.Tensor      # [G, Qmax] int64 position of each query (padding -> 0)
-    kv_slots: torch.Tensor   # [G, Lmax] int64 cache slot of key position j (padding -> slot 0,
-                             # in the always-zero null block)
-    full_causal: bool        # one request whose queries are all its keys: plain causal attention
-    valid_rows: torch.Tensor  # [Nq] rows of the flattened [G * Qmax] queries that are real
-    out_index: torch.Tensor   # [Nq] flat token index of each real query row
-    _masks: dict[Optional[int], torch.Tensor] = field(default_factory=dict)
+    start: int                # flat token index of the group's first query
+    num_queries: int          # real queries in the group (sum of its requests' new tokens)
+    q_pos: torch.Tensor       # [G, Qmax] int64 position of each query (padding -> 0)
+    kv_slots: torch.Tensor    # [G, Lmax] int64 cache slot of key position j (padding -> slot 0,
+                              # in the always-zero null block)
+    full_causal: bool         # one request whose queries are all its keys: plain causal attention
+    small: bool               # decode/verify-sized queries (<= SMALL_QUERY each)
+    # Set only when the group's requests have different query lengths (padded rows exist):
+    q_index: Optional[torch.Tensor] = None    # [G, Qmax] flat token index of each query (pad -> 0)
+    valid_rows: Optional[torch.Tensor] = None  # [Nq] rows of the flattened [G * Qmax] that are real
+    out_index: Optional[torch.Tensor] = None   # [Nq] flat token index of each real query row
+    _masks: dict[tuple, torch.Tensor] = field(default_factory=dict)
 
-    def mask(self, sliding_window: Optional[int]) -> torch.Tensor:
-        """[G, 1, Qmax, Lmax] bool, True = may attend; built once per forward, shared by layers."""
-        if sliding_window not in self._masks:
+    @property
+    def uniform(self) -> bool:
+        """Every request has Qmax queries, so the group's queries are one contiguous slice."""
+        return self.q_index is None
+
+    def mask(self, sliding_window: Optional[int], rows_per_query: int = 1,
+             dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+        """[G, 1, rows_per_query * Qmax, Lmax], True/0 = may attend. Bool when dtype is None, else
+        additive (0 / -inf) in dtype. Row r * Qmax + i belongs to query i: the grouped-heads
+        layout of the decode path puts the query heads sharing one KV head in consecutive rows."""
+        key = (sliding_window, rows_per_query, dtype)
+        if key not in self._masks:
             j = torch.arange(self.kv_slots.shape[1], device=self.kv_slots.device)
             pos = self.q_pos.unsqueeze(-1)  # [G, Qmax, 1]
             m = j <= pos
             if sliding_window is not None:
                 m = m & (j > pos - sliding_window)
-            self._masks[sliding_window] = m.unsqueeze(1)
-        return self._masks[sliding_window]
+            m = m.unsqueeze(1).repeat(1, 1, rows_per_query, 1)
+            if dtype is not None:
+                m = torch.zeros(m.shape, dtype=dtype, device=m.device).masked_fill_(~m,
+                                                                                   float("-inf"))
+            self._masks[key] = m
+        return self._masks[key]
 
 
 @dataclass
@@ -78,22 +97,25 @@ def _group(members: range, starts: list[int], query_lens: list[int], seq_lens: l
            block_tables: list[list[int]], block_size: int, device: torch.device) -> AttnGroup:
     qmax = max(query_lens[r] for r in members)
     lmax = max(seq_lens[r] for r in members)
-    q_index, q_valid, q_pos, kv_slots = [], [], [], []
+    q_pos, kv_slots = [], []
     for r in members:
         qlen, slen, table = query_lens[r], seq_lens[r], block_tables[r]
-        pad_q = qmax - qlen
-        q_index.append(list(range(starts[r], starts[r] + qlen)) + [0] * pad_q)
-        q_valid.append([True] * qlen + [False] * pad_q)
-        q_pos.append(list(range(slen - qlen, slen)) + [0] * pad_q)
+        q_pos.append(list(range(slen - qlen, slen)) + [0] * (qmax - qlen))
         kv_slots.append([table[p // block_size] * block_size + p % block_size
                          for p in range(slen)] + [0] * (lmax - slen))
-    single = len(members) == 1
     r0 = members[0]
-    q_index_t = torch.tensor(q_index, dtype=torch.long, device=device)
-    q_valid_t = torch.tensor(q_valid, dtype=torch.bool, device=device)
-    return AttnGroup(
-        q_index=q_index_t,
-        valid_rows=q_valid_t.view(-1).nonzero().view(-1), out_index=q_index_t[q_valid_t],
+    group = AttnGroup(
+        start=starts[r0], num_queries=sum(query_lens[r] for r in members),
         q_pos=torch.tensor(q_pos, dtype=torch.long, device=device),
         kv_slots=torch.tensor(kv_slots, dtype=torch.long, device=device),
-        full_causal=single and query_lens[r0] == seq_lens[r0])
+        full_causal=len(members) == 1 and query_lens[r0] == seq_lens[r0],
+        small=qmax <= SMALL_QUERY)
+    if any(query_lens[r] != qmax for r in members):
+        q_index = [list(range(starts[r], starts[r] + query_lens[r])) + [0] * (qmax - query_lens[r])
+                   for r in members]
+        valid = [[True] * query_lens[r] + [False] * (qmax - query_lens[r]) for r in members]
+        group.q_index = torch.tensor(q_index, dtype=torch.long, device=device)
+        valid_t = torch.tensor(valid, dtype=torch.bool, device=device)
+        group.valid_rows = valid_t.view(-1).nonzero().view(-1)
+        group.out_index = group.q_index[valid_t]
+    return group

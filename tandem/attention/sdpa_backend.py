@@ -1,7 +1,13 @@
 """Reference paged attention on torch's scaled_dot_product_attention (CPU and CUDA).
 
 Writes the new keys/values into the paged cache by slot, then, per group, gathers each request's
-keys/values by slot id into a padded batch and runs SDPA with a causal (optionally sliding) mask.
+keys/values by slot id into a padded batch and runs SDPA once for the whole group.
+
+Decode and verification groups (a few queries per request) use a grouped-heads layout: the query
+heads that share one KV head become rows of one attention problem, [G, Hkv, rep * Qmax, D]
+against keys [G, Hkv, Lmax, D], with an additive mask built once per forward. Measured on CPU this
+is about 2x faster than SDPA's own `enable_gqa` with a boolean mask (which converts the mask on
+every call), and for one query per request the layout is a free view of q.
 """
 
 from __future__ import annotations
@@ -11,7 +17,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from tandem.attention.metadata import AttentionMetadata
+from tandem.attention.metadata import AttentionMetadata, AttnGroup
 
 
 def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -25,24 +31,55 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
                     meta: AttentionMetadata, scale: float,
                     sliding_window: Optional[int]) -> torch.Tensor:
     """q: [T, H, D] -> out [T, H, D]. Keys/values must already be written to the cache."""
+    groups = meta.groups
+    if len(groups) == 1 and groups[0].uniform:
+        return _attend(q, k_cache, v_cache, groups[0], scale, sliding_window)  # no copy out
     out = torch.empty_like(q)
+    for g in groups:
+        og = _attend(q, k_cache, v_cache, g, scale, sliding_window)  # [G * Qmax, H, D]
+        if g.uniform:
+            out.narrow(0, g.start, g.num_queries).copy_(og)
+        else:
+            out.index_copy_(0, g.out_index, og.index_select(0, g.valid_rows))
+    return out
+
+
+def _attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, g: AttnGroup,
+            scale: float, sliding_window: Optional[int]) -> torch.Tensor:
+    """One group's attention: [G * Qmax, H, D], rows in the group's padded query order."""
     _, h, d = q.shape
     hkv = k_cache.shape[1]
-    for g in meta.groups:
+    n, qmax = g.q_pos.shape
+    if g.uniform:
+        qg = q.narrow(0, g.start, g.num_queries)  # [G * Qmax, H, D], a view
+    else:
         # index_select, not fancy indexing: the latter is ~1000x slower on CPU for these shapes.
-        n, qmax = g.q_index.shape
-        lmax = g.kv_slots.shape[1]
-        qg = q.index_select(0, g.q_index.view(-1)).view(n, qmax, h, d).transpose(1, 2)
-        kg = k_cache.index_select(0, g.kv_slots.view(-1)).view(n, lmax, hkv, d).transpose(1, 2)
-        vg = v_cache.index_select(0, g.kv_slots.view(-1)).view(n, lmax, hkv, d).transpose(1, 2)
-        # qg: [G, H, Qmax, D]; kg, vg: [G, Hkv, Lmax, D]
-        gqa = qg.shape[1] != kg.shape[1]
-        if g.full_causal and sliding_window is None:
-            og = F.scaled_dot_product_attention(qg, kg, vg, is_causal=True, scale=scale,
-                                                enable_gqa=gqa)
-        else:
-            og = F.scaled_dot_product_attention(qg, kg, vg, attn_mask=g.mask(sliding_window),
-                                                scale=scale, enable_gqa=gqa)
-        og = og.transpose(1, 2).reshape(n * qmax, h, d)  # [G * Qmax, H, D]
-        out.index_copy_(0, g.out_index, og.index_select(0, g.valid_rows))
-    return out
+        qg = q.index_select(0, g.q_index.view(-1))
+    kg, vg = _gather(k_cache, g), _gather(v_cache, g)  # [G, Hkv, Lmax, D]
+    if g.small and h % hkv == 0:
+        rep = h // hkv
+        # [G * Qmax, Hkv * rep, D] -> [G, Hkv, rep * Qmax, D] (row r * Qmax + i: query i, head r)
+        qg = qg.reshape(n, qmax, hkv, rep, d)
+        qg = qg.view(n, hkv, rep, d) if qmax == 1 else qg.permute(0, 2, 3, 1, 4).reshape(
+            n, hkv, rep * qmax, d)
+        og = F.scaled_dot_product_attention(qg, kg, vg, scale=scale,
+                                            attn_mask=g.mask(sliding_window, rep, q.dtype))
+        if qmax == 1:
+            return og.view(n, h, d)
+        return og.view(n, hkv, rep, qmax, d).permute(0, 3, 1, 2, 4).reshape(n * qmax, h, d)
+    qg = qg.view(n, qmax, h, d).transpose(1, 2)  # [G, H, Qmax, D]
+    gqa = h != hkv
+    if g.full_causal and sliding_window is None:
+        og = F.scaled_dot_product_attention(qg, kg, vg, is_causal=True, scale=scale,
+                                            enable_gqa=gqa)
+    else:
+        og = F.scaled_dot_product_attention(qg, kg, vg, attn_mask=g.mask(sliding_window),
+                                            scale=scale, enable_gqa=gqa)
+    return og.transpose(1, 2).reshape(n * qmax, h, d)
+
+
+def _gather(cache: torch.Tensor, g: AttnGroup) -> torch.Tensor:
+    """cache [num_slots, Hkv, D] -> [G, Hkv, Lmax, D], each request's keys in position order."""
+    _, hkv, d = cache.shape
+    n, lmax = g.kv_slots.shape
+    return cache.index_select(0, g.kv_slots.view(-1)).view(n, lmax, hkv, d).transpose(1, 2)

@@ -56,12 +56,18 @@ class RotaryEmbedding(nn.Module):
 
     def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         freqs = positions.float().unsqueeze(-1) * self.inv_freq  # [T, D/2]
-        return freqs.cos().unsqueeze(1), freqs.sin().unsqueeze(1)  # [T, 1, D/2] each
+        cos, sin = freqs.cos(), freqs.sin()
+        # Full-width tables, the sine signed for the rotated half: x * cos + rotate(x) * sin.
+        return (torch.cat((cos, cos), -1).unsqueeze(1),
+                torch.cat((-sin, sin), -1).unsqueeze(1))  # [T, 1, D] each
 
 
 def apply_rotary(x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-    """x: [T, heads, D] rotated by (cos, sin) from RotaryEmbedding."""
+    """x: [T, heads, D] (any strides) rotated by (cos, sin) from RotaryEmbedding: the halves
+    (x1, x2) become (x1 cos - x2 sin, x2 cos + x1 sin), in four ops rather than eight."""
     cos, sin = rope
     dtype = x.dtype
-    x1, x2 = x.float().chunk(2, dim=-1)
-    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(dtype)
+    xf = x.float()
+    x1, x2 = xf.chunk(2, dim=-1)
+    rotated = torch.cat((x2, x1), dim=-1)  # a new tensor, so the in-place ops below are safe
+    return (xf * cos).add_(rotated.mul_(sin)).to(dtype)

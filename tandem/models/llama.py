@@ -18,7 +18,7 @@ from tandem.layers.norm import RMSNorm
 from tandem.layers.rotary import RotaryEmbedding, apply_rotary, rope_parameters
 from tandem.models.weights import load_weights
 
-Rope = tuple[torch.Tensor, torch.Tensor]  # (cos, sin), each [T, 1, head_dim / 2]
+Rope = tuple[torch.Tensor, torch.Tensor]  # (cos, signed sin), each [T, 1, head_dim]
 
 
 class LlamaAttention(nn.Module):
@@ -40,14 +40,15 @@ class LlamaAttention(nn.Module):
 
     def forward(self, rope: Rope, x: torch.Tensor) -> torch.Tensor:
         t = x.shape[0]
-        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        q, k, v = self.qkv_proj(x).split([q_size, kv_size, kv_size], dim=-1)
-        q = q.view(t, self.num_heads, self.head_dim)   # [T, H, D]
-        k = k.view(t, self.num_kv_heads, self.head_dim)
-        v = v.view(t, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rotary(q, rope), apply_rotary(k, rope)
+        h, hkv = self.num_heads, self.num_kv_heads
+        qkv = self.qkv_proj(x).view(t, h + 2 * hkv, self.head_dim)  # [T, H + 2 Hkv, D]
+        v = qkv[:, h + hkv:]
+        if self.q_norm is None:
+            qk = apply_rotary(qkv[:, :h + hkv], rope)  # q and k heads rotated in one pass
+            q, k = qk[:, :h], qk[:, h:]
+        else:
+            q = apply_rotary(self.q_norm(qkv[:, :h]), rope)  # [T, H, D]
+            k = apply_rotary(self.k_norm(qkv[:, h:h + hkv]), rope)
         return self.o_proj(self.attn(q, k, v))
 
 
