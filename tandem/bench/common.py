@@ -45,6 +45,7 @@ def machine() -> dict[str, Any]:
     import torch
     return {"cpu": cpu_name(), "cpus": os.cpu_count(), "threads": torch.get_num_threads(),
             "python": platform.python_version(), "torch": torch.__version__,
+            "cpu_matmul": os.environ.get("TANDEM_CPU_MATMUL", "auto"),
             "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
 
 

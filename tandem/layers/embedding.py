@@ -63,9 +63,15 @@ class LMHead(nn.Module):
         self.tied_to = tied_to
         if tied_to is None:
             self.weight = vocab_shard(vocab_size, hidden)
+        # A copy of the (tied) weight in another dtype for the matmul only, when the CPU matmul
+        # mode keeps linear weights in bfloat16 (layers/cpu_matmul_weights.py); the embedding
+        # lookup keeps the float32 rows.
+        self.matmul_weight: Optional[torch.Tensor] = None
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:  # [N, hidden] -> [N, vocab]
         w = self.tied_to.weight if self.tied_to is not None else self.weight
+        if self.matmul_weight is not None:
+            w = self.matmul_weight
         logits = linear(hidden, w)                           # [N, vocab / tp]
         if self.group.size == 1:
             return logits

@@ -15,14 +15,17 @@ import torch.nn.functional as F
 from torch import nn
 
 from tandem.distributed.parallel_state import current_group
-from tandem.layers.matmul_choice import kernel_for
+from tandem.layers.matmul_choice import bf16_linear, kernel_for
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor,
            bias: Optional[torch.Tensor] = None) -> torch.Tensor:
     """x: [T, in] @ weight[out, in].T (+ bias) -> [T, out]. On CPU in float32 through oneDNN or
-    BLAS, whichever measured faster on this machine for this shape (layers/matmul_choice.py)."""
+    BLAS, whichever measured faster on this machine for this shape, or against bfloat16 weights
+    where TANDEM_CPU_MATMUL=bf16 stored them so (layers/matmul_choice.py)."""
     if x.dtype == torch.float32 and x.device.type == "cpu" and x.dim() == 2:
+        if weight.dtype == torch.bfloat16:
+            return bf16_linear(x, weight, bias)
         return kernel_for(x, weight, bias)(x, weight, bias)
     return F.linear(x, weight, bias)
 

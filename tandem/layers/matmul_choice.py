@@ -5,6 +5,15 @@ next: on one 2-core dev machine oneDNN streamed decode-sized matmuls twice as fa
 AMX Xeon BLAS was 1.8x faster for SmolLM2's layers at one token (see docs/performance.md). So
 the first time a (weight shape, batch-size bucket) is seen, both are timed on that weight and the
 faster is kept for the process. `TANDEM_CPU_MATMUL=blas|onednn` fixes the choice instead.
+
+`TANDEM_CPU_MATMUL=bf16` is the one mode that changes numerics, so it is never chosen by itself:
+on a CPU with native bfloat16 (AVX512-BF16 or AMX) the linear layers' weights are stored in
+bfloat16 and multiply bfloat16-rounded activations with float32 accumulation (the products come
+back rounded to bfloat16: torch's CPU bf16 matmul has no float32 output); everything else
+(embeddings, the residual stream, norms, attention, the KV cache, logits) stays float32. It halves the bytes a step
+streams and runs batched steps on AMX (2.3x faster linear layers at 16 rows on an AMX Xeon, but
+1.2x slower at one row; docs/performance.md). Every batch size uses it, so speculative and plain
+decoding still see the same weights and kernels.
 """
 
 from __future__ import annotations
@@ -37,7 +46,39 @@ def _has_onednn() -> bool:
 
 
 KERNELS: dict[str, Kernel] = {"blas": _blas, **({"onednn": _onednn} if _has_onednn() else {})}
+MODES = ("auto", "blas", "onednn", "bf16")
 _chosen: dict[tuple[int, int, int], Kernel] = {}
+_forced: list[str] = []  # the validated TANDEM_CPU_MATMUL of the last model load
+
+
+def cpu_matmul_mode() -> str:
+    """TANDEM_CPU_MATMUL, validated: a value outside MODES is an error, never ignored."""
+    mode = os.environ.get("TANDEM_CPU_MATMUL", "auto").strip().lower() or "auto"
+    if mode not in MODES:
+        raise ValueError(f"TANDEM_CPU_MATMUL={mode!r} is not supported; choose one of "
+                         f"{list(MODES)}.")
+    if mode == "onednn" and "onednn" not in KERNELS:
+        raise ValueError("TANDEM_CPU_MATMUL='onednn' needs a torch build with oneDNN; this one "
+                         "has none (use 'auto' or 'blas').")
+    _forced[:] = [mode]
+    return mode
+
+
+def native_bf16() -> bool:
+    """The CPU multiplies bfloat16 natively (AVX512-BF16 or AMX-BF16 in /proc/cpuinfo)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line for line in f if line.startswith("flags")), "").split()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def bf16_linear(x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor]) -> torch.Tensor:
+    """x [T, in] float32 @ w [out, in] bfloat16 -> [T, out] float32 (accumulated in float32,
+    rounded to bfloat16 on the way out)."""
+    y = F.linear(x.to(torch.bfloat16), w).float()
+    return y if b is None else y + b
 
 
 def _bucket(rows: int) -> int:
@@ -57,7 +98,7 @@ def _time(kernel: Kernel, x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Te
 
 def kernel_for(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> Kernel:
     """The kernel for a [rows, in] float32 CPU input against `weight` [out, in]."""
-    forced = os.environ.get("TANDEM_CPU_MATMUL", "auto")
+    forced = _forced[0] if _forced else "auto"
     if forced in KERNELS:
         return KERNELS[forced]
     rows = _bucket(x.shape[0])
