@@ -23,10 +23,17 @@ PY
 $B latency --model $SMOL ${P:+--prompts $P} --num-prompts 4 --max-tokens 128 --threads 2 \
   --peers --output-json $R/latency.json
 $B throughput --model $SMOL ${P:+--prompts $P} --num-prompts 16 --max-tokens 128 --threads 2 \
-  --output-json $R/throughput.json
+  --peers --output-json $R/throughput.json
+# The bfloat16 matmul mode, only on CPUs that multiply bf16 natively (AVX512-BF16 or AMX).
+if grep -qwE 'avx512_bf16|amx_bf16' /proc/cpuinfo; then
+  TANDEM_CPU_MATMUL=bf16 $B latency --model $SMOL ${P:+--prompts $P} --num-prompts 4 \
+    --max-tokens 128 --threads 2 --peers --output-json $R/latency_bf16.json
+  TANDEM_CPU_MATMUL=bf16 $B throughput --model $SMOL ${P:+--prompts $P} --num-prompts 16 \
+    --max-tokens 128 --threads 2 --peers --output-json $R/throughput_bf16.json
+fi
 $B spec --model "$W/target-90-0.02" -sc "{\"model\": \"$SMOL\"}" --k 1 2 3 4 5 --adaptive \
-  ${P:+--prompts $P} --num-prompts 4 --max-tokens 64 --threads 2 --plot docs/spec.png \
+  --rounds 2 ${P:+--prompts $P} --num-prompts 4 --max-tokens 64 --threads 2 --plot docs/spec.png \
   --output-json $R/spec_synthetic.json
 $B spec --model $SMOL -sc "{\"model\": \"$W/random-draft\"}" --k 1 3 --adaptive \
-  ${P:+--prompts $P} --num-prompts 4 --max-tokens 64 --threads 2 \
+  --rounds 3 ${P:+--prompts $P} --num-prompts 4 --max-tokens 64 --threads 2 \
   --output-json $R/spec_random_draft.json

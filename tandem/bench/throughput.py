@@ -29,8 +29,17 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
               "requests_per_s": len(prompts) / seconds,
               "output_tokens_per_s": generated / seconds,
               "total_tokens_per_s": (generated + prompt_tokens) / seconds}
+    if args.peers:
+        # The issue's yardstick: many prompts at once against one stream of transformers.
+        from tandem.bench.peers import transformers_decode
+        peer = transformers_decode(args.model, prompts[:2], args.max_tokens)
+        result["peers"] = {"transformers_generate_single_stream": peer}
+        result["ratio_vs_transformers_single_stream"] = (result["output_tokens_per_s"]
+                                                         / peer["tokens_per_s"])
     print(f"throughput: {len(prompts)} prompts in {seconds:.2f} s, "
-          f"{result['output_tokens_per_s']:.1f} output tok/s")
+          f"{result['output_tokens_per_s']:.1f} output tok/s"
+          + (f", {result['ratio_vs_transformers_single_stream']:.2f}x transformers' single "
+             "stream" if args.peers else ""))
     write_json(args.output_json, result)
     return result
 
@@ -38,4 +47,6 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("throughput", help="many prompts offline: tokens/s")
     add_engine_args(p)
+    p.add_argument("--peers", action="store_true",
+                   help="also time one stream of transformers' generate in the same run")
     p.set_defaults(func=main)

@@ -54,7 +54,7 @@ class _LineFit:
 
 
 class AdaptiveK:
-    def __init__(self, k_max: int, warmup_steps: int = 4, probe_interval: int = 16,
+    def __init__(self, k_max: int, warmup_steps: int = 1, probe_interval: int = 32,
                  max_probe_interval: int = 512, decay: float = 0.9) -> None:
         self.k_max = k_max
         self.warmup_steps = warmup_steps

@@ -38,10 +38,10 @@ def test_spec_reports_acceptance_by_position_and_plots(tiny_llama: str, tmp_path
     spec = json.dumps({"model": tiny_llama})
     bench("spec", "--model", tiny_llama, "--speculative-config", spec, "--k", "1", "3",
           "--adaptive", "--num-prompts", "2", "--max-tokens", "17",  # 1 + 4 steps of 4
-          "--plot", str(tmp_path / "spec.png"), "--output-json", str(tmp_path / "spec.json"))
+          "--rounds", "2", "--plot", str(tmp_path / "spec.png"), "--output-json", str(tmp_path / "spec.json"))
     result = json.loads((tmp_path / "spec.json").read_text())
     runs = {(r["k"], r["adaptive"]): r for r in result["runs"]}
-    assert set(runs) == {(1, False), (3, False), (3, True)}
+    assert set(runs) == {(1, False), (3, False), (3, True)} and result["rounds"] == 2
     # a self-draft: every position accepted, acceptance length k + 1
     assert runs[(3, False)]["acceptance_by_position"] == pytest.approx([1.0, 1.0, 1.0])
     assert runs[(3, False)]["mean_acceptance_length"] == pytest.approx(4.0)
