@@ -12,8 +12,9 @@ bfloat16 and multiply bfloat16-rounded activations with float32 accumulation (th
 back rounded to bfloat16: torch's CPU bf16 matmul has no float32 output); everything else
 (embeddings, the residual stream, norms, attention, the KV cache, logits) stays float32. It halves the bytes a step
 streams and runs batched steps on AMX (2.3x faster linear layers at 16 rows on an AMX Xeon, but
-1.2x slower at one row; docs/performance.md). Every batch size uses it, so speculative and plain
-decoding still see the same weights and kernels.
+no faster at one row; docs/performance.md). Rows are multiplied in fixed chunks of 16, so a
+row's result never depends on the batch it is in, and speculative and plain decoding stay
+identical.
 """
 
 from __future__ import annotations
@@ -74,10 +75,25 @@ def native_bf16() -> bool:
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
+# bf16 matmuls run in chunks of exactly this many rows (the last one zero-padded): oneDNN picks
+# its kernel, and so its rounding, by the row count (for SmolLM2's LM head the result of a row
+# changed at 64 rows), and the products are rounded to bf16, so without a fixed shape a token's
+# numbers would depend on how many others share its step. With it, plain decoding, speculative
+# verification and any batch give every row the same bits, and greedy speculation stays lossless.
+BF16_ROWS = 16
+
+
 def bf16_linear(x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor]) -> torch.Tensor:
     """x [T, in] float32 @ w [out, in] bfloat16 -> [T, out] float32 (accumulated in float32,
-    rounded to bfloat16 on the way out)."""
-    y = F.linear(x.to(torch.bfloat16), w).float()
+    rounded to bfloat16 on the way out), the same for a row whatever T is."""
+    t = x.shape[0]
+    xb = x.to(torch.bfloat16)
+    pad = -t % BF16_ROWS
+    if pad:
+        xb = torch.cat((xb, xb.new_zeros(pad, xb.shape[1])))
+    chunks = xb.split(BF16_ROWS)
+    y = F.linear(chunks[0], w) if len(chunks) == 1 else torch.cat([F.linear(c, w) for c in chunks])
+    y = y[:t].float()  # [T, out]
     return y if b is None else y + b
 
 
