@@ -3,9 +3,10 @@
 Requests are laid out one after another in the flat token dimension. For attention they are split
 into groups (consecutive requests); each group is padded to [G, Qmax] queries and [G, Lmax] keys
 gathered from the paged cache by slot id. Only a request's own slots are read (padding reads the
-null block), so stale values in a block's unused tail can never reach another request. Decode and verification steps (a
-few queries each) share one group; each long prefill chunk gets its own, so padding never
-multiplies a prefill's cost. Everything here is built once per forward and shared by all layers.
+null block), so stale values in a block's unused tail can never reach another request. Decode
+and verification steps (a few queries each) share one group; each long prefill chunk gets its
+own, so padding never multiplies a prefill's cost. Everything here is built once per forward and
+shared by all layers.
 """
 
 from __future__ import annotations

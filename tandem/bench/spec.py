@@ -91,8 +91,8 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
     result = {"benchmark": "spec", "model": args.model, "draft": spec["model"],
               "speculative_config": spec, "num_prompts": len(prompts),
               "max_tokens": args.max_tokens, "temperature": args.temperature,
-              "rounds": max(1, args.rounds), "target_tokens_per_s": target_rate, "draft_tokens_per_s": draft_rate,
-              "cost_ratio_c": c, "runs": runs}
+              "rounds": max(1, args.rounds), "target_tokens_per_s": target_rate,
+              "draft_tokens_per_s": draft_rate, "cost_ratio_c": c, "runs": runs}
     if args.plot:
         _plot(result, args.plot)
         result["plot"] = args.plot

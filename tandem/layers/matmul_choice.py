@@ -9,12 +9,12 @@ faster is kept for the process. `TANDEM_CPU_MATMUL=blas|onednn` fixes the choice
 `TANDEM_CPU_MATMUL=bf16` is the one mode that changes numerics, so it is never chosen by itself:
 on a CPU with native bfloat16 (AVX512-BF16 or AMX) the linear layers' weights are stored in
 bfloat16 and multiply bfloat16-rounded activations with float32 accumulation (the products come
-back rounded to bfloat16: torch's CPU bf16 matmul has no float32 output); everything else
-(embeddings, the residual stream, norms, attention, the KV cache, logits) stays float32. It halves the bytes a step
-streams and runs batched steps on AMX (2.3x faster linear layers at 16 rows on an AMX Xeon, but
-no faster at one row; docs/performance.md). Rows are multiplied in fixed chunks of 16, so a
-row's result never depends on the batch it is in, and speculative and plain decoding stay
-identical.
+back rounded to bfloat16: torch's CPU bf16 matmul has no float32 output; the LM head is one of
+them, so logits carry that rounding). The embeddings, the residual stream, norms, attention and
+the KV cache stay float32. It halves the bytes a step streams and runs batched steps on AMX
+(2-3x faster linear layers at 16 rows on an AMX Xeon, no faster at one row; see
+docs/performance.md). Rows are multiplied in fixed chunks of 16, so a row's result never depends
+on the batch it is in, and speculative and plain decoding stay identical.
 """
 
 from __future__ import annotations
