@@ -6,8 +6,11 @@ standard model's prediction E(k) / (k c + 1), where E(k) = 1 + sum_i P(position 
 the expected tokens per verify step and c the draft/target cost ratio (their plain decode times
 per token, measured here). `--adaptive` adds a run with adaptive speculation (k chosen per step,
 up to the largest k). The plot: acceptance by position, and measured vs predicted speedup vs k.
-`--rounds R` measures every configuration (plain ones included) R times, interleaved, and keeps
-each one's fastest run, so a shared machine's drift over minutes hits all of them alike.
+`--rounds R` measures every configuration (plain ones included) R times, interleaved, and the
+target alone again at the end of each round; each speedup is then the median over rounds of the
+ratio to that round's plain rate (the mean of its opening and closing runs), so a shared
+machine's drift over minutes (the same command here varied by ±25%) cancels within each pair
+instead of favouring whichever run caught a quiet moment.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import statistics
 from typing import Any
 
 from tandem.bench.common import add_prompt_args, load_prompts, make_llm, pyplot, write_json
@@ -70,23 +74,28 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
     configs: list[tuple[str, Any]] = [(args.model, None), (spec["model"], None)] + [
         (args.model, {**spec, "num_speculative_tokens": k, **({"adaptive": True} if a else {})})
         for k, a in variants]
-    best: list[tuple[float, list[float], float]] = [(0.0, [], 1.0)] * len(configs)
+    rounds: list[list[tuple[float, list[float], float]]] = []
+    plain: list[float] = []  # per round: the target alone, mean of its runs before and after
     for _ in range(max(1, args.rounds)):
-        for i, (model, speculative) in enumerate(configs):
-            measured = rate(model, speculative)
-            if measured[0] > best[i][0]:
-                best[i] = measured
-    target_rate, draft_rate = best[0][0], best[1][0]
-    c = target_rate / draft_rate
+        rounds.append([rate(model, speculative) for model, speculative in configs])
+        plain.append((rounds[-1][0][0] + rate(args.model, None)[0]) / 2 if args.rounds > 1
+                     else rounds[-1][0][0])
+    target_rate = statistics.median(plain)
+    draft_rate = statistics.median(r[1][0] for r in rounds)
+    c = statistics.median(p / r[1][0] for p, r in zip(plain, rounds))
     runs = []
-    for (k, adaptive), (tok_s, per_pos, length) in zip(variants, best[2:]):
+    for i, (k, adaptive) in enumerate(variants, start=2):
+        ratios = [r[i][0] / p for p, r in zip(plain, rounds)]
+        tok_s, per_pos, length = statistics.median(r[i][0] for r in rounds), *rounds[0][i][1:]
         predicted = (1 + sum(per_pos)) / (k * c + 1)
         runs.append({"k": k, "adaptive": adaptive, "tokens_per_s": tok_s,
                      "acceptance_by_position": per_pos, "mean_acceptance_length": length,
-                     "speedup_measured": tok_s / target_rate,
+                     "speedup_measured": statistics.median(ratios),
+                     "speedup_by_round": ratios,
                      "speedup_predicted": None if adaptive else predicted})
         print(f"k={k}{' adaptive' if adaptive else ''}: {tok_s:.1f} tok/s, acceptance length "
-              f"{length:.2f}, speedup {tok_s / target_rate:.2f}x measured"
+              f"{length:.2f}, speedup {statistics.median(ratios):.2f}x measured"
+              + (f" (rounds: {', '.join(f'{x:.2f}' for x in ratios)})" if len(ratios) > 1 else "")
               + ("" if adaptive else f", {predicted:.2f}x predicted"))
     result = {"benchmark": "spec", "model": args.model, "draft": spec["model"],
               "speculative_config": spec, "num_prompts": len(prompts),
@@ -140,8 +149,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--k", type=int, nargs="+", default=[1, 2, 3, 4, 5])
     p.add_argument("--adaptive", action="store_true", help="also run adaptive speculation")
     p.add_argument("--rounds", type=int, default=1,
-                   help="measure every configuration this many times, interleaved, and keep "
-                        "each one's fastest run (for shared, noisy machines)")
+                   help="measure every configuration this many times, interleaved; speedups "
+                        "are medians of per-round ratios to plain (for shared, noisy machines)")
     p.add_argument("--plot", default=None, help="PNG file for the plot")
     p.add_argument("--dtype", default="auto")
     p.add_argument("--max-model-len", type=int, default=None, help="default: the model's")
