@@ -32,8 +32,8 @@ if grep -qwE 'avx512_bf16|amx_bf16' /proc/cpuinfo; then
     --max-tokens 128 --threads 2 --peers --output-json $R/throughput_bf16.json
 fi
 $B spec --model "$W/target-90-0.02" -sc "{\"model\": \"$SMOL\"}" --k 1 2 3 4 5 --adaptive \
-  --rounds 2 ${P:+--prompts $P} --num-prompts 4 --max-tokens 64 --threads 2 --plot docs/spec.png \
+  --rounds 3 ${P:+--prompts $P} --num-prompts 4 --max-tokens 64 --threads 2 --plot docs/spec.png \
   --output-json $R/spec_synthetic.json
 $B spec --model $SMOL -sc "{\"model\": \"$W/random-draft\"}" --k 1 3 --adaptive \
-  --rounds 3 ${P:+--prompts $P} --num-prompts 4 --max-tokens 64 --threads 2 \
+  --rounds 5 ${P:+--prompts $P} --num-prompts 4 --max-tokens 64 --threads 2 \
   --output-json $R/spec_random_draft.json
