@@ -52,7 +52,9 @@ class AttnGroup:
             m = j <= pos
             if sliding_window is not None:
                 m = m & (j > pos - sliding_window)
-            m = m.unsqueeze(1).repeat(1, 1, rows_per_query, 1)
+            m = m.unsqueeze(1)  # [G, 1, Qmax, Lmax]
+            if rows_per_query > 1:
+                m = m.repeat(1, 1, rows_per_query, 1)
             if dtype is not None:
                 m = torch.zeros(m.shape, dtype=dtype, device=m.device).masked_fill_(~m,
                                                                                    float("-inf"))

@@ -103,7 +103,7 @@ class DraftProposer:
             # q for every draft, or none: a greedy request in a mixed batch gets q rows only at
             # the steps a sampled row shared with it; its q is one-hot anyway (None).
             r.draft_probs = (torch.stack(probs[i]) if len(probs[i]) == len(drafts[i])
-                             and not r.params.temperature == 0 else None)
+                             and r.params.temperature != 0 else None)
         return computed + sum(len(f) for f in feeds)
 
     def _draft(self, active: list, md: SamplingMetadata, logits: torch.Tensor

@@ -21,6 +21,15 @@ def test_unknown_mode_is_refused_by_name(tiny_dirs, monkeypatch):
         LLM(tiny_dirs["llama"])
 
 
+def test_bf16_mode_is_refused_without_native_bf16(tiny_dirs, monkeypatch):
+    import tandem.layers.cpu_matmul_weights as weights
+    monkeypatch.setattr(weights, "native_bf16", lambda: False)
+    monkeypatch.setenv("TANDEM_CPU_MATMUL", "bf16")
+    with pytest.raises(ValueError, match=r"TANDEM_CPU_MATMUL='bf16' needs a CPU with native "
+                                         r"bfloat16.*'auto', 'blas' or 'onednn'"):
+        LLM(tiny_dirs["llama"])
+
+
 def test_bf16_weights_multiply_rounded_activations():
     torch.manual_seed(0)
     x, w, b = torch.randn(5, 64), torch.randn(96, 64), torch.randn(96)
