@@ -29,6 +29,8 @@ class AttnGroup:
                               # in the always-zero null block)
     full_causal: bool         # one request whose queries are all its keys: plain causal attention
     small: bool               # decode/verify-sized queries (<= SMALL_QUERY each)
+    requests: torch.Tensor    # [G, 3] int64: flat index of the first query, queries, keys (the
+                              # fused CPU kernel's view of the group)
     # Set only when the group's requests have different query lengths (padded rows exist):
     q_index: Optional[torch.Tensor] = None    # [G, Qmax] flat token index of each query (pad -> 0)
     valid_rows: Optional[torch.Tensor] = None  # [Nq] rows of the flattened [G * Qmax] that are real
@@ -112,7 +114,9 @@ def _group(members: range, starts: list[int], query_lens: list[int], seq_lens: l
         q_pos=torch.tensor(q_pos, dtype=torch.long, device=device),
         kv_slots=torch.tensor(kv_slots, dtype=torch.long, device=device),
         full_causal=len(members) == 1 and query_lens[r0] == seq_lens[r0],
-        small=qmax <= SMALL_QUERY)
+        small=qmax <= SMALL_QUERY,
+        requests=torch.tensor([[starts[r], query_lens[r], seq_lens[r]] for r in members],
+                              dtype=torch.long, device=device))
     if any(query_lens[r] != qmax for r in members):
         q_index = [list(range(starts[r], starts[r] + query_lens[r])) + [0] * (qmax - query_lens[r])
                    for r in members]

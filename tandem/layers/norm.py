@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from tandem.kernels import cpu as cpu_kernels
 
 
 class RMSNorm(nn.Module):
@@ -18,6 +22,9 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., dim]
         if x.dtype == torch.float32:
+            fused = cpu_kernels.rms_norm(x, self.weight, self.eps, self.unit_offset)
+            if fused is not None:
+                return fused
             # One fused op instead of five; identical math in float32.
             w = 1.0 + self.weight if self.unit_offset else self.weight
             return F.rms_norm(x, (x.shape[-1],), w, self.eps)
@@ -27,3 +34,14 @@ class RMSNorm(nn.Module):
         if self.unit_offset:
             return (xf * (1.0 + self.weight.float())).to(dtype)
         return self.weight * xf.to(dtype)
+
+    def add(self, x: torch.Tensor,
+            residual: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The residual stream's add fused with this norm: (norm(residual + x), residual + x),
+        with residual None meaning x starts the stream. On the CPU in float32 one kernel does
+        both, writing the sum into `residual` in place."""
+        fused = cpu_kernels.add_rms_norm(x, residual, self.weight, self.eps, self.unit_offset)
+        if fused is not None:
+            return fused
+        residual = x if residual is None else residual + x
+        return self(residual), residual

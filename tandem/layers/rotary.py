@@ -11,6 +11,7 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
+Rope = tuple[torch.Tensor, torch.Tensor]  # (cos, signed sin), each [T, 1, head_dim]
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 
 
@@ -71,3 +72,17 @@ def apply_rotary(x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> to
     x1, x2 = xf.chunk(2, dim=-1)
     rotated = torch.cat((x2, x1), dim=-1)  # a new tensor, so the in-place ops below are safe
     return (xf * cos).add_(rotated.mul_(sin)).to(dtype)
+
+
+def rotate_qk(heads: torch.Tensor, rope: Rope, num_heads: int,
+              q_norm: Optional[nn.Module] = None,
+              k_norm: Optional[nn.Module] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """heads [T, H + 2 Hkv, D] (q, k, v heads of the fused projection) -> rotated q [T, H, D]
+    and k [T, Hkv, D], each head RMS-normalised first when q_norm/k_norm are given."""
+    h = num_heads
+    hkv = (heads.shape[1] - h) // 2
+    if q_norm is None:
+        qk = apply_rotary(heads[:, :h + hkv], rope)  # q and k heads rotated in one pass
+        return qk[:, :h], qk[:, h:]
+    return (apply_rotary(q_norm(heads[:, :h]), rope),
+            apply_rotary(k_norm(heads[:, h:h + hkv]), rope))

@@ -12,8 +12,8 @@ from tandem.layers.attention import Attention
 from tandem.layers.embedding import Embedding, LMHead
 from tandem.layers.linear import QKVParallelLinear, RowParallelLinear
 from tandem.layers.norm import RMSNorm
-from tandem.layers.rotary import RotaryEmbedding, apply_rotary, rope_parameters
-from tandem.models.llama import GatedMLP, Rope
+from tandem.layers.rotary import Rope, RotaryEmbedding, rope_parameters
+from tandem.models.llama import GatedMLP
 from tandem.models.weights import load_weights
 
 SLIDING = "sliding_attention"
@@ -45,14 +45,8 @@ class Gemma3Attention(nn.Module):
                               cfg.query_pre_attn_scalar ** -0.5, sliding_window=window)
 
     def forward(self, rope: Rope, x: torch.Tensor) -> torch.Tensor:
-        t = x.shape[0]
-        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        q, k, v = self.qkv_proj(x).split([q_size, kv_size, kv_size], dim=-1)
-        q = self.q_norm(q.view(t, self.num_heads, self.head_dim))  # [T, H, D]
-        k = self.k_norm(k.view(t, self.num_kv_heads, self.head_dim))
-        v = v.view(t, self.num_kv_heads, self.head_dim)
-        q, k = apply_rotary(q, rope), apply_rotary(k, rope)
-        return self.o_proj(self.attn(q, k, v))
+        qkv = self.qkv_proj(x)  # [T, (H + 2 Hkv) D]
+        return self.o_proj(self.attn.forward_qkv(qkv, rope, self.q_norm, self.k_norm))
 
 
 class Gemma3DecoderLayer(nn.Module):

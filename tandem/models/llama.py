@@ -5,7 +5,7 @@ Qwen2 adds a bias to the q/k/v projections; Qwen3 drops it and RMS-normalises q 
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Any, Iterable, Optional
 
 import torch
 from torch import nn
@@ -15,10 +15,8 @@ from tandem.layers.attention import Attention
 from tandem.layers.embedding import Embedding, LMHead
 from tandem.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from tandem.layers.norm import RMSNorm
-from tandem.layers.rotary import RotaryEmbedding, apply_rotary, rope_parameters
+from tandem.layers.rotary import Rope, RotaryEmbedding, rope_parameters
 from tandem.models.weights import load_weights
-
-Rope = tuple[torch.Tensor, torch.Tensor]  # (cos, signed sin), each [T, 1, head_dim]
 
 
 class LlamaAttention(nn.Module):
@@ -39,17 +37,8 @@ class LlamaAttention(nn.Module):
                               self.head_dim ** -0.5)
 
     def forward(self, rope: Rope, x: torch.Tensor) -> torch.Tensor:
-        t = x.shape[0]
-        h, hkv = self.num_heads, self.num_kv_heads
-        qkv = self.qkv_proj(x).view(t, h + 2 * hkv, self.head_dim)  # [T, H + 2 Hkv, D]
-        v = qkv[:, h + hkv:]
-        if self.q_norm is None:
-            qk = apply_rotary(qkv[:, :h + hkv], rope)  # q and k heads rotated in one pass
-            q, k = qk[:, :h], qk[:, h:]
-        else:
-            q = apply_rotary(self.q_norm(qkv[:, :h]), rope)  # [T, H, D]
-            k = apply_rotary(self.k_norm(qkv[:, h:h + hkv]), rope)
-        return self.o_proj(self.attn(q, k, v))
+        qkv = self.qkv_proj(x)  # [T, (H + 2 Hkv) D]
+        return self.o_proj(self.attn.forward_qkv(qkv, rope, self.q_norm, self.k_norm))
 
 
 class GatedMLP(nn.Module):
@@ -72,9 +61,14 @@ class LlamaDecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, rope: Rope, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.self_attn(rope, self.input_layernorm(x))
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, rope: Rope, x: torch.Tensor,
+                residual: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """x: the previous layer's output, residual: the stream before it (None at layer 0).
+        Returns this layer's MLP output and the stream before it: each residual add is fused
+        with the norm after it (the final norm takes the last one)."""
+        h, residual = self.input_layernorm.add(x, residual)
+        h, residual = self.post_attention_layernorm.add(self.self_attn(rope, h), residual)
+        return self.mlp(h), residual
 
 
 class LlamaModel(nn.Module):
@@ -90,9 +84,10 @@ class LlamaModel(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         x = self.embed_tokens(input_ids)  # [T, hidden]
         rope = self.rotary(positions)
+        residual: Optional[torch.Tensor] = None
         for layer in self.layers:
-            x = layer(rope, x)
-        return self.norm(x)
+            x, residual = layer(rope, x, residual)
+        return self.norm.add(x, residual)[0]
 
 
 class LlamaForCausalLM(nn.Module):

@@ -7,6 +7,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from tandem.kernels import cpu as cpu_kernels
 from tandem.layers.cpu_matmul_weights import apply_cpu_matmul_mode
 from tandem.loader.weights import iter_weights
 from tandem.models.registry import build_model
@@ -20,6 +21,7 @@ def load_model(mc: Any, device: torch.device) -> nn.Module:
         if weights is None:
             _random_weights(model, mc.seed)
         apply_cpu_matmul_mode(model, mc.dtype, device)
+        cpu_kernels.configure(device)
         return model
     except torch.OutOfMemoryError as e:
         raise ValueError(f"{mc.model} does not fit in {device} memory in {mc.dtype} ({e}). Use a "

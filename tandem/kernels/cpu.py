@@ -1,0 +1,152 @@
+"""Fused float32 CPU kernels for the decode step: when they apply, and handing tensors to C.
+
+A decode step on the CPU spends much of its non-matmul time in torch's per-op overhead: RMSNorm
+is five ops inside `F.rms_norm`, rotary and the KV write another six, paged attention two
+gathers, a mask and an SDPA call per layer. The kernels in cpu_kernels.c do each of these in one
+call (attention straight from the paged cache, without gathers), with reductions in a fixed
+order so a row's result never depends on its batch (speculation stays lossless).
+
+Each wrapper returns None (or False) when it does not apply (kernels off, not float32 on the
+CPU, a layout it does not take), and the caller then runs its torch code, which computes the
+same math. Which one runs is decided at model load (`configure`, from TANDEM_CPU_KERNELS; see
+cpu_build.py) for the whole process.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+from typing import Optional
+
+import torch
+
+from tandem.kernels.cpu_build import build_library, cpu_kernels_mode, load_library
+
+logger = logging.getLogger("tandem")
+
+_state: dict[str, Optional[ctypes.CDLL]] = {"lib": None}  # the loaded library, or None: torch ops
+_MAX_HEAD_DIM = 512  # as in cpu_kernels.c
+
+
+def configure(device: torch.device) -> None:
+    """Apply TANDEM_CPU_KERNELS for a model loaded on `device` (validated first)."""
+    mode = cpu_kernels_mode()
+    if mode == "torch":
+        _state["lib"] = None
+        return
+    if device.type != "cpu" or _state["lib"] is not None:
+        return
+    try:
+        path = build_library()
+        _state["lib"] = load_library(path)
+        logger.info("CPU kernels: fused C kernels from %s (TANDEM_CPU_KERNELS=%s)", path, mode)
+    except (RuntimeError, OSError) as e:
+        if mode == "c":
+            raise ValueError(f"TANDEM_CPU_KERNELS='c' needs the fused CPU kernels, which could "
+                             f"not be built: {e}. Use 'auto' or 'torch'.") from e
+        logger.warning("CPU kernels: using torch ops, the fused C kernels are unavailable: %s", e)
+
+
+def enabled() -> bool:
+    return _state["lib"] is not None
+
+
+def _applies(*tensors: torch.Tensor) -> bool:
+    return _state["lib"] is not None and all(
+        t.dtype == torch.float32 and t.is_cpu and t.is_contiguous() for t in tensors)
+
+
+def _ptr(t: Optional[torch.Tensor]) -> Optional[int]:
+    return None if t is None else t.data_ptr()
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
+             unit_offset: bool) -> Optional[torch.Tensor]:
+    """x [..., dim] -> x / rms(x) * weight (or 1 + weight); None where the kernel does not apply."""
+    if not _applies(x, weight):
+        return None
+    out = torch.empty_like(x)
+    dim = x.shape[-1]
+    _state["lib"].tandem_add_rms_norm(x.data_ptr(), None, None, out.data_ptr(),
+                                      weight.data_ptr(), x.numel() // dim if dim else 0, dim,
+                                      eps, int(unit_offset))
+    return out
+
+
+def add_rms_norm(x: torch.Tensor, residual: Optional[torch.Tensor], weight: torch.Tensor,
+                 eps: float, unit_offset: bool) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
+    """(norm(residual + x), residual + x), the sum written into `residual` in place (a new
+    tensor when residual is None: the sum is then x). None when the kernel does not apply."""
+    if not _applies(x, weight) or (residual is not None and not _applies(residual)):
+        return None
+    dim = x.shape[-1]
+    rows = x.numel() // dim if dim else 0
+    normed = torch.empty_like(x)
+    if residual is None:  # the stream starts as a copy of x: x itself is never written
+        residual, stream, delta = torch.empty_like(x), x, None
+    else:
+        stream, delta = residual, x
+    _state["lib"].tandem_add_rms_norm(stream.data_ptr(), _ptr(delta), residual.data_ptr(),
+                                      normed.data_ptr(), weight.data_ptr(), rows, dim, eps,
+                                      int(unit_offset))
+    return normed, residual
+
+
+def silu_and_mul(x: torch.Tensor) -> Optional[torch.Tensor]:
+    """[T, 2I] -> silu(x[:, :I]) * x[:, I:], or None when the kernel does not apply."""
+    if x.dim() != 2 or not _applies(x):
+        return None
+    inter = x.shape[1] // 2
+    out = x.new_empty(x.shape[0], inter)
+    _state["lib"].tandem_silu_and_mul(x.data_ptr(), out.data_ptr(), x.shape[0], inter)
+    return out
+
+
+def rope_write_kv(qkv: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
+                  slot_mapping: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                  num_heads: int, num_kv_heads: int, head_dim: int,
+                  q_norm: Optional[torch.nn.Module] = None,
+                  k_norm: Optional[torch.nn.Module] = None) -> bool:
+    """qkv [T, (H + 2 Hkv) D] in place: q and k heads RMS-normalised (when q_norm/k_norm are
+    given) and rotated by rope (cos, sin [T, 1, D]); k and v written to the caches at
+    slot_mapping. False (nothing done) when the kernel does not apply."""
+    cos, sin = rope
+    if (head_dim > _MAX_HEAD_DIM or head_dim % 2 or qkv.dim() != 2
+            or not _applies(qkv, cos, sin, k_cache, v_cache)
+            or slot_mapping.dtype != torch.int64 or not slot_mapping.is_contiguous()
+            or qkv.shape[1] != (num_heads + 2 * num_kv_heads) * head_dim
+            or cos.shape[-1] != head_dim):
+        return False
+    eps, unit_offset = 0.0, False
+    if q_norm is not None:
+        if (k_norm is None or q_norm.eps != k_norm.eps or q_norm.unit_offset != k_norm.unit_offset
+                or not _applies(q_norm.weight, k_norm.weight)):
+            return False
+        eps, unit_offset = q_norm.eps, q_norm.unit_offset
+    rc = _state["lib"].tandem_rope_write_kv(
+        qkv.data_ptr(), qkv.shape[0], num_heads, num_kv_heads, head_dim, cos.data_ptr(),
+        sin.data_ptr(), slot_mapping.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
+        _ptr(q_norm.weight if q_norm is not None else None),
+        _ptr(k_norm.weight if k_norm is not None else None), eps, int(unit_offset))
+    return rc == 0
+
+
+def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                    out: torch.Tensor, requests: torch.Tensor, kv_slots: torch.Tensor,
+                    scale: float, sliding_window: Optional[int]) -> bool:
+    """Attention of a decode/verify group straight from the paged cache, into out [T, H, D].
+
+    q: [T, H, D] whose heads are contiguous within a token (any token stride: a view of the
+    qkv projection works); requests: [G, 3] int64 (first query row, query count, keys);
+    kv_slots: [G, Lmax] int64. False (nothing done) when the kernel does not apply."""
+    t, h, d = q.shape
+    hkv = k_cache.shape[1]
+    if (d % 16 or d > _MAX_HEAD_DIM or h % hkv or q.stride(2) != 1 or q.stride(1) != d
+            or q.dtype != torch.float32 or not q.is_cpu or not _applies(k_cache, v_cache, out)
+            or not kv_slots.is_contiguous() or not requests.is_contiguous()):
+        return False
+    rc = _state["lib"].tandem_paged_attention(
+        q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(),
+        requests.data_ptr(), kv_slots.data_ptr(), requests.shape[0], kv_slots.shape[1], h, hkv,
+        d, scale, sliding_window or 0)
+    return rc == 0

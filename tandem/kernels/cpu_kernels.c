@@ -1,0 +1,273 @@
+/* Fused float32 CPU kernels for the decode step (see tandem/kernels/cpu.py).
+ *
+ * torch runs the small per-layer work of a decode step as many tiny ops (RMSNorm alone is five
+ * inside `F.rms_norm` on CPU), each costing microseconds of dispatch for nanoseconds of math, and
+ * paged attention as two gathers, a mask and an SDPA call. These kernels do the same math in one
+ * call each, reading the paged KV cache in place.
+ *
+ * Every reduction runs in a fixed order over explicit 16-wide lanes, so a row's result does not
+ * depend on the CPU's vector width, on the batch it is in, or on how many queries share its
+ * request: speculative verification and plain decoding compute identical bits. The build turns
+ * off floating-point contraction (-ffp-contract=off) for the same reason.
+ */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <math.h>
+
+#define LANES 16
+#define MAX_HEAD_DIM 512
+
+/* 16 floats as one value (GCC vector extension): the compiler maps it to whatever registers the
+ * CPU has (one AVX-512 register, two AVX2 ones, ...), with the same lane arithmetic on each. */
+typedef float vf __attribute__((vector_size(4 * LANES)));
+typedef int32_t vi __attribute__((vector_size(4 * LANES)));
+
+static inline vf load(const float *p) { vf v; memcpy(&v, p, sizeof v); return v; }
+static inline void store(float *p, vf v) { memcpy(p, &v, sizeof v); }
+static inline vf splat(float x) { return (vf){0} + x; }
+static inline vf vselect(vi mask, vf a, vf b) { return (vf)((mask & (vi)a) | (~mask & (vi)b)); }
+
+/* The 16 lanes summed pairwise, in registers: lane l + lane l + 8, then + 4, + 2, + 1. */
+typedef float vf8 __attribute__((vector_size(32)));
+typedef float vf4 __attribute__((vector_size(16)));
+static inline float hsum(vf v) {
+    vf8 a = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7)
+          + __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+    vf4 b = __builtin_shufflevector(a, a, 0, 1, 2, 3) + __builtin_shufflevector(a, a, 4, 5, 6, 7);
+    return (b[0] + b[2]) + (b[1] + b[3]);
+}
+
+/* Sum of a[i] * b[i]: lane l sums the products i = l mod 16 in order, then hsum. */
+static inline float dot(const float *a, const float *b, int64_t n) {
+    vf acc = {0};
+    int64_t i = 0;
+    for (; i + LANES <= n; i += LANES) acc += load(a + i) * load(b + i);
+    float lanes[LANES];
+    store(lanes, acc);
+    for (int l = 0; i + l < n; l++) lanes[l] += a[i + l] * b[i + l];
+    return hsum(load(lanes));
+}
+
+/* exp(x), 16 at a time: x = n ln2 + r, |r| <= ln2 / 2, exp(r) by a degree-6 polynomial, 2^n by
+ * the exponent bits. Relative error about 2e-7; x is clamped to [-87.3, 88.7] (so the result is
+ * at least ~1e-38, never 0, and never inf). */
+static inline vf vexp(vf x) {
+    x = vselect(x < splat(-87.3f), splat(-87.3f), x);
+    x = vselect(x > splat(88.7f), splat(88.7f), x);
+    vf y = x * 1.44269504088896341f + 0.5f;
+    vf n = __builtin_convertvector(__builtin_convertvector(y, vi), vf);  /* trunc(y) */
+    n += __builtin_convertvector(n > y, vf);                             /* floor(y): -1 if above */
+    vf r = x - n * 0.693359375f;
+    r = r + n * 2.12194440e-4f;
+    vf p = splat(1.0f / 720.0f);
+    p = p * r + 1.0f / 120.0f;
+    p = p * r + 1.0f / 24.0f;
+    p = p * r + 1.0f / 6.0f;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    vi bits = (__builtin_convertvector(n, vi) + 127) << 23;
+    return p * (vf)bits;
+}
+
+static inline float fast_exp(float x) {
+    float a[LANES] = {0};
+    a[0] = x;
+    store(a, vexp(load(a)));
+    return a[0];
+}
+
+/* sum_out = x (+ delta); normed = sum_out / rms(sum_out) * (w or 1 + w), row by row.
+ * x, delta, sum_out, normed: [rows, dim] contiguous. sum_out may be x (in place), or NULL when
+ * delta is NULL (normed = norm(x)). */
+void tandem_add_rms_norm(const float *x, const float *delta, float *sum_out, float *normed,
+                         const float *w, int64_t rows, int64_t dim, float eps, int unit_offset) {
+    for (int64_t r = 0; r < rows; r++) {
+        const float *s = x + r * dim;
+        float *o = normed + r * dim;
+        if (sum_out) {
+            float *so = sum_out + r * dim;
+            if (delta) {
+                const float *dr = delta + r * dim;
+                for (int64_t i = 0; i < dim; i++) so[i] = s[i] + dr[i];
+            } else if (so != s) {
+                memcpy(so, s, dim * sizeof(float));
+            }
+            s = so;
+        }
+        float inv = 1.0f / sqrtf(dot(s, s, dim) / (float)dim + eps);
+        if (unit_offset)
+            for (int64_t i = 0; i < dim; i++) o[i] = s[i] * inv * (1.0f + w[i]);
+        else
+            for (int64_t i = 0; i < dim; i++) o[i] = w[i] * (s[i] * inv);
+    }
+}
+
+/* out[t, i] = silu(gu[t, i]) * gu[t, inter + i]; gu: [rows, 2 inter], out: [rows, inter]. */
+void tandem_silu_and_mul(const float *gu, float *out, int64_t rows, int64_t inter) {
+    for (int64_t r = 0; r < rows; r++) {
+        const float *g = gu + r * 2 * inter, *u = g + inter;
+        float *o = out + r * inter;
+        int64_t i = 0;
+        for (; i + LANES <= inter; i += LANES) {
+            vf gv = load(g + i);
+            store(o + i, gv / (1.0f + vexp(-gv)) * load(u + i));
+        }
+        for (; i < inter; i++) o[i] = g[i] / (1.0f + fast_exp(-g[i])) * u[i];
+    }
+}
+
+/* One head in place: optional RMSNorm (weight w, eps, 1 + w when unit_offset), then rotary with
+ * full-width tables: x'[d] = x[d] cos[d] + x[d +- D/2] sin[d] (sin already signed). */
+static void norm_rotate(float *x, const float *cos, const float *sin, int64_t d,
+                        const float *w, float eps, int unit_offset) {
+    float tmp[MAX_HEAD_DIM];
+    if (w) {
+        float inv = 1.0f / sqrtf(dot(x, x, d) / (float)d + eps);
+        for (int64_t i = 0; i < d; i++)
+            x[i] = unit_offset ? x[i] * inv * (1.0f + w[i]) : w[i] * (x[i] * inv);
+    }
+    int64_t half = d / 2;
+    for (int64_t i = 0; i < half; i++) {
+        tmp[i] = x[i] * cos[i] + x[i + half] * sin[i];
+        tmp[i + half] = x[i + half] * cos[i + half] + x[i] * sin[i + half];
+    }
+    memcpy(x, tmp, d * sizeof(float));
+}
+
+/* qkv [T, (H + 2 Hkv) D] (the fused projection's output) in place: q and k heads normalised
+ * (when weights are given) and rotated; then k and v written to the caches [slots, Hkv, D] at
+ * slots[t]. cos, sin: [T, D]. Returns -1 if D is too large (the caller checks first). */
+int tandem_rope_write_kv(float *qkv, int64_t t_count, int64_t h, int64_t hkv, int64_t d,
+                         const float *cos, const float *sin, const int64_t *slots,
+                         float *k_cache, float *v_cache, const float *q_norm_w,
+                         const float *k_norm_w, float eps, int unit_offset) {
+    if (d > MAX_HEAD_DIM || d % 2) return -1;
+    int64_t row = (h + 2 * hkv) * d;
+    for (int64_t t = 0; t < t_count; t++) {
+        float *x = qkv + t * row;
+        const float *c = cos + t * d, *s = sin + t * d;
+        for (int64_t i = 0; i < h; i++) norm_rotate(x + i * d, c, s, d, q_norm_w, eps, unit_offset);
+        for (int64_t i = h; i < h + hkv; i++)
+            norm_rotate(x + i * d, c, s, d, k_norm_w, eps, unit_offset);
+        memcpy(k_cache + slots[t] * hkv * d, x + h * d, hkv * d * sizeof(float));
+        memcpy(v_cache + slots[t] * hkv * d, x + (h + hkv) * d, hkv * d * sizeof(float));
+    }
+    return 0;
+}
+
+/* Sixteen dot products at once: lane k of the result is the sum of t[k]'s lanes (t[k] holds the
+ * 16 partial sums of key k), reduced by a fixed tree of shuffles, so key k's score depends on
+ * its own partials only, never on its neighbours or on where the block starts. */
+#define SH(a, b, ...) __builtin_shufflevector(a, b, __VA_ARGS__)
+static inline vf reduce16(vf *t) {
+    vf u[8], w[4], x[2];
+    for (int i = 0; i < 8; i++)
+        u[i] = SH(t[2 * i], t[2 * i + 1], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23)
+             + SH(t[2 * i], t[2 * i + 1], 8, 9, 10, 11, 12, 13, 14, 15,
+                  24, 25, 26, 27, 28, 29, 30, 31);
+    for (int i = 0; i < 4; i++)
+        w[i] = SH(u[2 * i], u[2 * i + 1], 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27)
+             + SH(u[2 * i], u[2 * i + 1], 4, 5, 6, 7, 12, 13, 14, 15,
+                  20, 21, 22, 23, 28, 29, 30, 31);
+    for (int i = 0; i < 2; i++)
+        x[i] = SH(w[2 * i], w[2 * i + 1], 0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29)
+             + SH(w[2 * i], w[2 * i + 1], 2, 3, 6, 7, 10, 11, 14, 15,
+                  18, 19, 22, 23, 26, 27, 30, 31);
+    return SH(x[0], x[1], 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30)
+         + SH(x[0], x[1], 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+}
+
+/* One query head against keys lo .. hi (inclusive) of KV head g: p[j] = softmax weights
+ * (unnormalised, exp(score - max)), returns their sum. nv = D / 16 (a constant where inlined). */
+static inline __attribute__((always_inline)) float scores(
+        const float *qh, const float *k_cache, const int64_t *slots, int64_t hkv, int64_t g,
+        int64_t lo, int64_t hi, float scale, float *p, const int nv) {
+    int64_t d = nv * LANES;
+    vf qv[MAX_HEAD_DIM / LANES];
+    for (int e = 0; e < nv; e++) qv[e] = load(qh + e * LANES);
+    vf mx = splat(-INFINITY);
+    for (int64_t j = lo; j <= hi; j += LANES) {
+        vf t[LANES];
+        for (int k = 0; k < LANES; k++) {
+            vf acc = {0};
+            if (j + k <= hi) {
+                const float *kj = k_cache + (slots[j + k] * hkv + g) * d;
+                for (int e = 0; e < nv; e++) acc += qv[e] * load(kj + e * LANES);
+            }
+            t[k] = acc;
+        }
+        vf sc = reduce16(t) * scale;
+        store(p + j, sc);
+        vi live = __builtin_convertvector((vf){0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14,
+                                               15} + (float)j, vi) <= (int32_t)hi;
+        mx = vselect(live & (sc > mx), sc, mx);
+    }
+    float m = mx[0];
+    for (int l = 1; l < LANES; l++) m = mx[l] > m ? mx[l] : m;
+    float total = 0.0f;
+    for (int64_t j = lo; j <= hi; j += LANES) store(p + j, vexp(load(p + j) - m));
+    for (int64_t j = lo; j <= hi; j++) total += p[j];
+    return total;
+}
+
+/* out_h = sum_j p[j] v_j / total for one head; v rows of KV head g at the keys' slots. */
+static inline __attribute__((always_inline)) void weighted_values(
+        const float *p, float total, const float *v_cache, const int64_t *slots, int64_t hkv,
+        int64_t g, int64_t lo, int64_t hi, float *o, const int nv) {
+    int64_t d = nv * LANES;
+    vf acc[MAX_HEAD_DIM / LANES];
+    for (int e = 0; e < nv; e++) acc[e] = (vf){0};
+    for (int64_t j = lo; j <= hi; j++) {
+        const float *vj = v_cache + (slots[j] * hkv + g) * d;
+        vf pj = splat(p[j]);
+        for (int e = 0; e < nv; e++) acc[e] += pj * load(vj + e * LANES);
+    }
+    vf inv = splat(1.0f / total);
+    for (int e = 0; e < nv; e++) store(o + e * LANES, acc[e] * inv);
+}
+
+static void attend_head(const float *qh, const float *k_cache, const float *v_cache,
+                        const int64_t *slots, int64_t hkv, int64_t g, int64_t lo, int64_t hi,
+                        float scale, float *p, float *o, int nv) {
+    /* Constant nv for the common head sizes, so the loops unroll into registers. */
+#define ATTEND(NV) do { \
+        float total = scores(qh, k_cache, slots, hkv, g, lo, hi, scale, p, NV); \
+        weighted_values(p, total, v_cache, slots, hkv, g, lo, hi, o, NV); } while (0)
+    if (nv == 4) ATTEND(4);
+    else if (nv == 8) ATTEND(8);
+    else ATTEND(nv);
+#undef ATTEND
+}
+
+/* Paged attention for requests with a few queries each (decode, verification), straight from
+ * the cache. Request r owns flat query rows [req[r][0], req[r][0] + req[r][1]) and keys
+ * 0 .. req[r][2] - 1 at cache slots kv_slots[r][j]; its query i sits at position
+ * req[r][2] - req[r][1] + i and attends keys j <= position (and j > position - window when
+ * window > 0). q: [T, q_stride] with head hd at hd * D; out: [T, H, D]. Query heads
+ * g * rep .. g * rep + rep - 1 share KV head g. D must be a multiple of 16. Returns -1 on bad
+ * sizes or no memory. */
+int tandem_paged_attention(const float *q, int64_t q_stride, const float *k_cache,
+                           const float *v_cache, float *out, const int64_t *req,
+                           const int64_t *kv_slots, int64_t num_reqs, int64_t lmax, int64_t h,
+                           int64_t hkv, int64_t d, float scale, int64_t window) {
+    if (d > MAX_HEAD_DIM || d % LANES || h % hkv) return -1;
+    int64_t rep = h / hkv;
+    float *p = malloc(sizeof(float) * (size_t)(lmax + LANES));  /* one head's weights */
+    if (!p) return -1;
+    for (int64_t r = 0; r < num_reqs; r++) {
+        int64_t q0 = req[3 * r], qlen = req[3 * r + 1], slen = req[3 * r + 2];
+        const int64_t *slots = kv_slots + r * lmax;
+        for (int64_t i = 0; i < qlen; i++) {
+            int64_t pos = slen - qlen + i;
+            int64_t lo = window > 0 && pos - window + 1 > 0 ? pos - window + 1 : 0;
+            for (int64_t hd = 0; hd < h; hd++)
+                attend_head(q + (q0 + i) * q_stride + hd * d, k_cache, v_cache, slots, hkv,
+                            hd / rep, lo, pos, scale, p, out + ((q0 + i) * h + hd) * d,
+                            (int)(d / LANES));
+        }
+    }
+    free(p);
+    return 0;
+}

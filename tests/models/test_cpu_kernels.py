@@ -1,0 +1,226 @@
+"""The fused CPU kernels (tandem/kernels): each against a direct torch reference, rows that do not
+depend on their batch, whole models against transformers on both paths, and TANDEM_CPU_KERNELS."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+from tandem import LLM, SamplingParams
+from tandem.attention.context import forward_context
+from tandem.attention.metadata import build_attention_metadata
+from tandem.kernels import cpu as cpu_kernels
+from tandem.kernels import cpu_build
+from tandem.layers.norm import RMSNorm
+from tandem.layers.rotary import RotaryEmbedding, rotate_qk
+from tandem.loader.weights import iter_safetensors
+from tandem.models.registry import build_model
+
+
+@pytest.fixture(scope="module")
+def library():
+    try:
+        return cpu_build.load_library(cpu_build.build_library())
+    except RuntimeError as e:  # no C compiler: the torch path is what runs, and is tested
+        pytest.skip(f"fused CPU kernels unavailable: {e}")
+
+
+@pytest.fixture
+def fused(library, monkeypatch):
+    monkeypatch.setitem(cpu_kernels._state, "lib", library)
+
+
+@pytest.fixture
+def unfused(monkeypatch):
+    monkeypatch.setitem(cpu_kernels._state, "lib", None)
+
+
+@pytest.mark.parametrize("unit_offset", [False, True])
+@pytest.mark.parametrize("dim", [576, 40, 7])  # lanes, a partial last lane block, fewer than 16
+def test_add_rms_norm_matches_torch(fused, unit_offset, dim):
+    torch.manual_seed(0)
+    x, delta, w = torch.randn(5, dim), torch.randn(5, dim), torch.randn(dim)
+    scale = 1.0 + w if unit_offset else w
+    normed = cpu_kernels.rms_norm(x, w, 1e-6, unit_offset)
+    torch.testing.assert_close(normed, F.rms_norm(x, (dim,), scale, 1e-6), rtol=1e-5, atol=1e-6)
+    residual = x.clone()
+    normed, out = cpu_kernels.add_rms_norm(delta, residual, w, 1e-6, unit_offset)
+    assert out is residual  # the stream is updated in place
+    torch.testing.assert_close(out, x + delta, rtol=0, atol=0)
+    torch.testing.assert_close(normed, F.rms_norm(x + delta, (dim,), scale, 1e-6),
+                               rtol=1e-5, atol=1e-6)
+    normed, start = cpu_kernels.add_rms_norm(x, None, w, 1e-6, unit_offset)
+    assert start is not x and torch.equal(start, x)  # a new stream, never the input
+
+
+def test_silu_and_mul_matches_torch(fused):
+    torch.manual_seed(0)
+    x = torch.randn(6, 2 * 1000) * 8  # large |x| too: exp's clamp must not show
+    gate, up = x.chunk(2, dim=-1)
+    torch.testing.assert_close(cpu_kernels.silu_and_mul(x), F.silu(gate) * up,
+                               rtol=2e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("norms", [None, False, True])  # none (Llama), Qwen3's, Gemma's 1 + w
+def test_rope_and_kv_write_match_torch(fused, norms):
+    torch.manual_seed(0)
+    t, h, hkv, d = 5, 6, 2, 32
+    qkv = torch.randn(t, (h + 2 * hkv) * d)
+    rope = RotaryEmbedding(d, {"rope_theta": 10000.0, "rope_type": "default"})(
+        torch.tensor([3, 0, 17, 4, 100]))
+    q_norm = k_norm = None
+    if norms is not None:
+        q_norm, k_norm = RMSNorm(d, 1e-6, unit_offset=norms), RMSNorm(d, 1e-6, unit_offset=norms)
+        q_norm.weight.data.normal_()
+        k_norm.weight.data.normal_()
+    slots = torch.tensor([9, 2, 30, 31, 0])
+    k_cache, v_cache = torch.zeros(32, hkv, d), torch.zeros(32, hkv, d)
+    heads = qkv.view(t, h + 2 * hkv, d)
+    with torch.no_grad():
+        want_q, want_k = rotate_qk(heads.clone(), rope, h, q_norm, k_norm)
+    want_v = heads[:, h + hkv:].clone()
+    assert cpu_kernels.rope_write_kv(qkv, rope, slots, k_cache, v_cache, h, hkv, d, q_norm,
+                                     k_norm)
+    torch.testing.assert_close(heads[:, :h], want_q, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(k_cache[slots], want_k, rtol=1e-5, atol=1e-5)
+    assert torch.equal(v_cache[slots], want_v)
+
+
+def _reference_attention(q, k_cache, v_cache, query_lens, seq_lens, tables, block, window):
+    """Attention written out per query in float64, from the block tables."""
+    out = torch.zeros(q.shape, dtype=torch.float64)
+    h, hkv = q.shape[1], k_cache.shape[1]
+    row = 0
+    for qlen, slen, table in zip(query_lens, seq_lens, tables):
+        slots = torch.tensor([table[p // block] * block + p % block for p in range(slen)])
+        keys, values = k_cache[slots].double(), v_cache[slots].double()  # [L, Hkv, D]
+        for i in range(qlen):
+            pos = slen - qlen + i
+            lo = max(0, pos - window + 1) if window else 0
+            for hd in range(h):
+                g = hd // (h // hkv)
+                s = keys[lo:pos + 1, g] @ q[row, hd].double() * q.shape[2] ** -0.5
+                out[row, hd] = torch.softmax(s, 0) @ values[lo:pos + 1, g]
+            row += 1
+    return out
+
+
+@pytest.mark.parametrize("h,hkv,d,window", [(9, 3, 64, None), (4, 4, 32, None),
+                                            (8, 2, 128, 5), (6, 1, 16, 3)])
+def test_paged_attention_matches_a_direct_reference(fused, h, hkv, d, window):
+    torch.manual_seed(0)
+    block = 4
+    query_lens, seq_lens = [1, 3, 1, 2], [7, 12, 40, 2]  # decode, verify, a long one, a new one
+    tables = [[5, 2], [1, 9, 3], [10 + i for i in range(10)], [4]]
+    k_cache, v_cache = torch.randn(24 * block, hkv, d), torch.randn(24 * block, hkv, d)
+    k_cache[:block] = v_cache[:block] = 0  # the null block
+    qkv = torch.randn(sum(query_lens), h + 2 * hkv, d)
+    q = qkv[:, :h]  # a view with the projection's token stride, as the model passes it
+    meta = build_attention_metadata(query_lens, seq_lens, tables, block, torch.device("cpu"))
+    (group,) = meta.groups
+    out = torch.empty(q.shape)
+    assert cpu_kernels.paged_attention(q, k_cache, v_cache, out, group.requests, group.kv_slots,
+                                       d ** -0.5, window)
+    want = _reference_attention(q, k_cache, v_cache, query_lens, seq_lens, tables, block, window)
+    torch.testing.assert_close(out.double(), want, rtol=1e-5, atol=1e-5)
+
+
+def test_attention_rows_do_not_depend_on_the_batch(fused):
+    """A query's output has the same bits alone, beside other requests, and as one of several
+    verified positions: speculative and plain decoding see identical attention."""
+    torch.manual_seed(1)
+    h, hkv, d, block = 9, 3, 64, 16
+    k_cache, v_cache = torch.randn(40 * block, hkv, d), torch.randn(40 * block, hkv, d)
+    table = [7, 3, 21, 30]
+    q = torch.randn(4, h, d)
+
+    def attend(query_lens, seq_lens, tables, rows):
+        meta = build_attention_metadata(query_lens, seq_lens, tables, block, torch.device("cpu"))
+        qs = torch.cat([rows] + [torch.randn(n, h, d) for n in query_lens[1:]])
+        out = torch.empty(qs.shape)
+        g = meta.groups[0]
+        assert cpu_kernels.paged_attention(qs, k_cache, v_cache, out, g.requests, g.kv_slots,
+                                           0.125, None)
+        return out[:rows.shape[0]]
+
+    verify = attend([4], [50], [table], q)  # positions 46..49 in one verification
+    for i in range(4):
+        alone = attend([1], [47 + i], [table], q[i:i + 1])
+        batched = attend([1, 3, 1], [47 + i, 20, 63], [table, [1, 2], [5, 6, 8, 9]], q[i:i + 1])
+        assert torch.equal(alone[0], verify[i]) and torch.equal(batched[0], verify[i]), i
+
+
+def test_norm_rows_do_not_depend_on_the_batch(fused):
+    torch.manual_seed(0)
+    x, w = torch.randn(33, 576), torch.randn(576)
+    alone = cpu_kernels.rms_norm(x[:1], w, 1e-5, False)
+    for rows in (2, 16, 33):
+        assert torch.equal(cpu_kernels.rms_norm(x[:rows], w, 1e-5, False)[:1], alone)
+
+
+def _logits(model_dir: str, prompt_ids: list[int]) -> torch.Tensor:
+    """Our model's logits for a prompt prefilled in two chunks and then one decode step."""
+    model = build_model(AutoConfig.from_pretrained(model_dir), torch.float32,
+                        torch.device("cpu"), iter_safetensors(model_dir))
+    for attn in model.attention_layers():
+        attn.k_cache = torch.zeros(64 * 4, attn.num_kv_heads, attn.head_dim)
+        attn.v_cache = torch.zeros_like(attn.k_cache)
+    table = [list(range(1, 33))]
+    n = len(prompt_ids)
+    parts = []
+    for start, stop in ((0, n // 2), (n // 2, n - 1), (n - 1, n)):  # chunk, chunk, decode
+        ids = torch.tensor(prompt_ids[start:stop])
+        meta = build_attention_metadata([stop - start], [stop], table, 4, torch.device("cpu"))
+        with forward_context(meta), torch.no_grad():
+            parts.append(model.compute_logits(model(ids, torch.arange(start, stop))))
+    return torch.cat(parts)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "gemma3"])
+def test_models_match_transformers_on_both_paths(tiny_dirs, prompts, library, monkeypatch, arch):
+    d = tiny_dirs[arch]
+    ids = AutoTokenizer.from_pretrained(d).encode(prompts[2])
+    with torch.no_grad():
+        want = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).eval()(
+            torch.tensor([ids])).logits[0]
+    monkeypatch.setitem(cpu_kernels._state, "lib", library)
+    fused = _logits(d, ids)
+    monkeypatch.setitem(cpu_kernels._state, "lib", None)
+    plain = _logits(d, ids)
+    torch.testing.assert_close(fused, want, atol=1e-3, rtol=0)
+    torch.testing.assert_close(plain, want, atol=1e-3, rtol=0)
+    assert not torch.equal(fused, plain)  # the two paths really are different code
+
+
+def test_unknown_mode_is_refused_by_name(tiny_dirs, monkeypatch):
+    monkeypatch.setenv("TANDEM_CPU_KERNELS", "fast")
+    with pytest.raises(ValueError, match=r"TANDEM_CPU_KERNELS='fast'.*'auto', 'c', 'torch'"):
+        LLM(tiny_dirs["llama"])
+
+
+def test_without_a_compiler_auto_falls_back_and_c_refuses(tiny_dirs, prompts, monkeypatch,
+                                                          caplog):
+    monkeypatch.setattr(cpu_build, "_compiler", lambda: None)
+    monkeypatch.setitem(cpu_kernels._state, "lib", None)
+    greedy = SamplingParams(temperature=0, max_tokens=4)
+    with caplog.at_level("WARNING", logger="tandem"):
+        out = LLM(tiny_dirs["llama"]).generate(prompts[:1], greedy, use_tqdm=False)
+    assert len(out[0].outputs[0].token_ids) == 4 and not cpu_kernels.enabled()
+    assert "no C compiler found" in caplog.text
+    monkeypatch.setenv("TANDEM_CPU_KERNELS", "c")
+    with pytest.raises(ValueError, match=r"TANDEM_CPU_KERNELS='c' needs the fused CPU kernels.*"
+                                         r"no C compiler found.*'auto' or 'torch'"):
+        LLM(tiny_dirs["llama"])
+
+
+def test_the_cache_is_keyed_by_cpu_and_source(monkeypatch, tmp_path):
+    monkeypatch.setenv("TANDEM_CACHE_DIR", str(tmp_path))
+    try:
+        first = cpu_build.build_library()
+    except RuntimeError as e:
+        pytest.skip(f"no compiler: {e}")
+    assert first.parent == tmp_path / "kernels" and cpu_build.build_library() == first
+    monkeypatch.setattr(cpu_build, "_cpu_identity", lambda: "model name: another CPU\n")
+    assert cpu_build.build_library() != first  # another CPU kind compiles its own copy
