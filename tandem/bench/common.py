@@ -43,9 +43,13 @@ def cpu_name() -> str:
 
 def machine() -> dict[str, Any]:
     import torch
+
+    from tandem.kernels import cpu as cpu_kernels
     return {"cpu": cpu_name(), "cpus": os.cpu_count(), "threads": torch.get_num_threads(),
             "python": platform.python_version(), "torch": torch.__version__,
             "cpu_matmul": os.environ.get("TANDEM_CPU_MATMUL", "auto"),
+            # after the run: whether the fused C kernels ran ("c") or torch ops did
+            "cpu_kernels": "c" if cpu_kernels.enabled() else "torch",
             "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
 
 

@@ -179,62 +179,85 @@ static inline vf reduce16(vf *t) {
          + SH(x[0], x[1], 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
 }
 
-/* One query head against keys lo .. hi (inclusive) of KV head g: p[j] = softmax weights
- * (unnormalised, exp(score - max)), returns their sum. nv = D / 16 (a constant where inlined). */
-static inline __attribute__((always_inline)) float scores(
-        const float *qh, const float *k_cache, const int64_t *slots, int64_t hkv, int64_t g,
-        int64_t lo, int64_t hi, float scale, float *p, const int nv) {
+/* Query heads h0 .. h0 + nh - 1 (nh <= MAX_HEADS, all of KV head g, contiguous in q) against
+ * keys lo .. hi: each key and value row is loaded once for all of them. p: [nh, stride] scratch
+ * for the softmax weights. Head i's scores and sums run in the same order whatever nh is.
+ * nv = D / 16, a constant where inlined, so the loops unroll into registers. */
+#define MAX_HEADS 8
+static inline __attribute__((always_inline)) void attend_heads(
+        const float *qh, const float *k_cache, const float *v_cache, const int64_t *slots,
+        int64_t hkv, int64_t g, int64_t lo, int64_t hi, float scale, float *p, int64_t stride,
+        float *o, int nh, const int nv) {
     int64_t d = nv * LANES;
-    vf qv[MAX_HEAD_DIM / LANES];
-    for (int e = 0; e < nv; e++) qv[e] = load(qh + e * LANES);
-    vf mx = splat(-INFINITY);
+    vf qv[MAX_HEADS][MAX_HEAD_DIM / LANES];
+    for (int i = 0; i < nh; i++)
+        for (int e = 0; e < nv; e++) qv[i][e] = load(qh + i * d + e * LANES);
+    vf mx[MAX_HEADS];
+    for (int i = 0; i < nh; i++) mx[i] = splat(-INFINITY);
     for (int64_t j = lo; j <= hi; j += LANES) {
-        vf t[LANES];
+        vf t[MAX_HEADS][LANES];  /* t[i][k]: head i's 16 partial sums for key j + k */
         for (int k = 0; k < LANES; k++) {
-            vf acc = {0};
             if (j + k <= hi) {
                 const float *kj = k_cache + (slots[j + k] * hkv + g) * d;
-                for (int e = 0; e < nv; e++) acc += qv[e] * load(kj + e * LANES);
+                if (j + k + LANES <= hi)  /* the row a block ahead: hide the cache's latency */
+                    for (int e = 0; e < nv; e++)  /* each 64-byte line */
+                        __builtin_prefetch(k_cache + (slots[j + k + LANES] * hkv + g) * d
+                                           + e * LANES);
+                vf kv[MAX_HEAD_DIM / LANES];
+                for (int e = 0; e < nv; e++) kv[e] = load(kj + e * LANES);
+                for (int i = 0; i < nh; i++) {
+                    vf acc = {0};
+                    for (int e = 0; e < nv; e++) acc += qv[i][e] * kv[e];
+                    t[i][k] = acc;
+                }
+            } else {
+                for (int i = 0; i < nh; i++) t[i][k] = (vf){0};
             }
-            t[k] = acc;
         }
-        vf sc = reduce16(t) * scale;
-        store(p + j, sc);
         vi live = __builtin_convertvector((vf){0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14,
                                                15} + (float)j, vi) <= (int32_t)hi;
-        mx = vselect(live & (sc > mx), sc, mx);
+        for (int i = 0; i < nh; i++) {
+            vf sc = reduce16(t[i]) * scale;
+            store(p + i * stride + j, sc);
+            mx[i] = vselect(live & (sc > mx[i]), sc, mx[i]);
+        }
     }
-    float m = mx[0];
-    for (int l = 1; l < LANES; l++) m = mx[l] > m ? mx[l] : m;
-    float total = 0.0f;
-    for (int64_t j = lo; j <= hi; j += LANES) store(p + j, vexp(load(p + j) - m));
-    for (int64_t j = lo; j <= hi; j++) total += p[j];
-    return total;
-}
-
-/* out_h = sum_j p[j] v_j / total for one head; v rows of KV head g at the keys' slots. */
-static inline __attribute__((always_inline)) void weighted_values(
-        const float *p, float total, const float *v_cache, const int64_t *slots, int64_t hkv,
-        int64_t g, int64_t lo, int64_t hi, float *o, const int nv) {
-    int64_t d = nv * LANES;
-    vf acc[MAX_HEAD_DIM / LANES];
-    for (int e = 0; e < nv; e++) acc[e] = (vf){0};
+    float total[MAX_HEADS];
+    for (int i = 0; i < nh; i++) {
+        float m = mx[i][0];
+        for (int l = 1; l < LANES; l++) m = mx[i][l] > m ? mx[i][l] : m;
+        float *pi = p + i * stride;
+        /* 16 keys at a time; the last block's lanes past hi are never summed. */
+        for (int64_t j = lo; j <= hi; j += LANES) store(pi + j, vexp(load(pi + j) - m));
+        total[i] = 0.0f;
+        for (int64_t j = lo; j <= hi; j++) total[i] += pi[j];
+    }
+    vf acc[MAX_HEADS][MAX_HEAD_DIM / LANES];
+    for (int i = 0; i < nh; i++)
+        for (int e = 0; e < nv; e++) acc[i][e] = (vf){0};
     for (int64_t j = lo; j <= hi; j++) {
         const float *vj = v_cache + (slots[j] * hkv + g) * d;
-        vf pj = splat(p[j]);
-        for (int e = 0; e < nv; e++) acc[e] += pj * load(vj + e * LANES);
+        if (j + 8 <= hi)
+            for (int e = 0; e < nv; e++)  /* each 64-byte line */
+                __builtin_prefetch(v_cache + (slots[j + 8] * hkv + g) * d + e * LANES);
+        vf vv[MAX_HEAD_DIM / LANES];
+        for (int e = 0; e < nv; e++) vv[e] = load(vj + e * LANES);
+        for (int i = 0; i < nh; i++) {
+            vf pj = splat(p[i * stride + j]);
+            for (int e = 0; e < nv; e++) acc[i][e] += pj * vv[e];
+        }
     }
-    vf inv = splat(1.0f / total);
-    for (int e = 0; e < nv; e++) store(o + e * LANES, acc[e] * inv);
+    for (int i = 0; i < nh; i++) {
+        vf inv = splat(1.0f / total[i]);
+        for (int e = 0; e < nv; e++) store(o + i * d + e * LANES, acc[i][e] * inv);
+    }
 }
 
-static void attend_head(const float *qh, const float *k_cache, const float *v_cache,
-                        const int64_t *slots, int64_t hkv, int64_t g, int64_t lo, int64_t hi,
-                        float scale, float *p, float *o, int nv) {
-    /* Constant nv for the common head sizes, so the loops unroll into registers. */
-#define ATTEND(NV) do { \
-        float total = scores(qh, k_cache, slots, hkv, g, lo, hi, scale, p, NV); \
-        weighted_values(p, total, v_cache, slots, hkv, g, lo, hi, o, NV); } while (0)
+static void attend_group(const float *qh, const float *k_cache, const float *v_cache,
+                         const int64_t *slots, int64_t hkv, int64_t g, int64_t lo, int64_t hi,
+                         float scale, float *p, int64_t stride, float *o, int nh, int nv) {
+#define ATTEND(NV) attend_heads(qh, k_cache, v_cache, slots, hkv, g, lo, hi, scale, p, stride, \
+                                o, nh, NV)
     if (nv == 4) ATTEND(4);
     else if (nv == 8) ATTEND(8);
     else ATTEND(nv);
@@ -253,8 +276,8 @@ int tandem_paged_attention(const float *q, int64_t q_stride, const float *k_cach
                            const int64_t *kv_slots, int64_t num_reqs, int64_t lmax, int64_t h,
                            int64_t hkv, int64_t d, float scale, int64_t window) {
     if (d > MAX_HEAD_DIM || d % LANES || h % hkv) return -1;
-    int64_t rep = h / hkv;
-    float *p = malloc(sizeof(float) * (size_t)(lmax + LANES));  /* one head's weights */
+    int64_t rep = h / hkv, stride = lmax + LANES;
+    float *p = malloc(sizeof(float) * (size_t)(MAX_HEADS * stride));  /* softmax weights */
     if (!p) return -1;
     for (int64_t r = 0; r < num_reqs; r++) {
         int64_t q0 = req[3 * r], qlen = req[3 * r + 1], slen = req[3 * r + 2];
@@ -262,10 +285,16 @@ int tandem_paged_attention(const float *q, int64_t q_stride, const float *k_cach
         for (int64_t i = 0; i < qlen; i++) {
             int64_t pos = slen - qlen + i;
             int64_t lo = window > 0 && pos - window + 1 > 0 ? pos - window + 1 : 0;
-            for (int64_t hd = 0; hd < h; hd++)
-                attend_head(q + (q0 + i) * q_stride + hd * d, k_cache, v_cache, slots, hkv,
-                            hd / rep, lo, pos, scale, p, out + ((q0 + i) * h + hd) * d,
-                            (int)(d / LANES));
+            int64_t hd = 0;
+            while (hd < h) {
+                /* Heads hd .. hd + nh - 1: up to MAX_HEADS of one KV head's query heads. */
+                int64_t g = hd / rep, left = (g + 1) * rep - hd;
+                int nh = (int)(left < MAX_HEADS ? left : MAX_HEADS);
+                attend_group(q + (q0 + i) * q_stride + hd * d, k_cache, v_cache, slots, hkv, g,
+                             lo, pos, scale, p, stride, out + ((q0 + i) * h + hd) * d, nh,
+                             (int)(d / LANES));
+                hd += nh;
+            }
         }
     }
     free(p);
