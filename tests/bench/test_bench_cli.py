@@ -33,6 +33,23 @@ def test_latency_and_throughput_write_json(tiny_llama: str, tmp_path: Path) -> N
     assert tput["num_prompts"] == 6 and tput["output_tokens_per_s"] > 0
 
 
+def test_rounds_interleave_ours_and_the_peer(tiny_llama: str, tmp_path: Path) -> None:
+    bench("latency", "--model", tiny_llama, "--num-prompts", "1", "--max-tokens", "6",
+          "--peers", "--rounds", "2", "--output-json", str(tmp_path / "lat.json"))
+    lat = json.loads((tmp_path / "lat.json").read_text())
+    assert len(lat["rounds"]) == 2 and all(r["transformers_generate"] > 0 for r in lat["rounds"])
+    ratios = sorted(r["ratio_vs_transformers"] for r in lat["rounds"])
+    assert lat["ratio_vs_transformers"] == pytest.approx(sum(ratios) / 2)  # median of two
+    bench("throughput", "--model", tiny_llama, "--num-prompts", "3", "--max-tokens", "6",
+          "--peers", "--rounds", "2", "--output-json", str(tmp_path / "tput.json"))
+    tput = json.loads((tmp_path / "tput.json").read_text())
+    assert len(tput["rounds"]) == 2 and tput["ratio_vs_transformers_single_stream"] > 0
+    assert tput["machine"]["cpu_kernels"] in ("c", "torch")
+    r = subprocess.run([sys.executable, "-m", "tandem", "bench", "latency", "--model", tiny_llama,
+                        "--rounds", "0"], capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and "--rounds: must be at least 1, got 0" in r.stderr
+
+
 def test_spec_reports_acceptance_by_position_and_plots(tiny_llama: str, tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
     spec = json.dumps({"model": tiny_llama})
