@@ -51,9 +51,12 @@ def enabled() -> bool:
     return _state["lib"] is not None
 
 
-def _applies(*tensors: torch.Tensor) -> bool:
-    return _state["lib"] is not None and all(
-        t.dtype == torch.float32 and t.is_cpu and t.is_contiguous() for t in tensors)
+_F32 = torch.float32
+
+
+def _ok(t: torch.Tensor) -> bool:
+    """A float32 CPU tensor in row-major order (what the kernels read)."""
+    return t.dtype is _F32 and t.is_cpu and t.is_contiguous()
 
 
 def _ptr(t: Optional[torch.Tensor]) -> Optional[int]:
@@ -63,7 +66,7 @@ def _ptr(t: Optional[torch.Tensor]) -> Optional[int]:
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
              unit_offset: bool) -> Optional[torch.Tensor]:
     """x [..., dim] -> x / rms(x) * weight (or 1 + weight); None where the kernel does not apply."""
-    if not _applies(x, weight):
+    if _state["lib"] is None or not _ok(x) or weight.dtype is not _F32:
         return None
     out = torch.empty_like(x)
     dim = x.shape[-1]
@@ -77,7 +80,9 @@ def add_rms_norm(x: torch.Tensor, residual: Optional[torch.Tensor], weight: torc
                  eps: float, unit_offset: bool) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
     """(norm(residual + x), residual + x), the sum written into `residual` in place (a new
     tensor when residual is None: the sum is then x). None when the kernel does not apply."""
-    if not _applies(x, weight) or (residual is not None and not _applies(residual)):
+    lib = _state["lib"]
+    if (lib is None or not _ok(x) or weight.dtype is not _F32
+            or (residual is not None and not _ok(residual))):
         return None
     dim = x.shape[-1]
     rows = x.numel() // dim if dim else 0
@@ -86,15 +91,14 @@ def add_rms_norm(x: torch.Tensor, residual: Optional[torch.Tensor], weight: torc
         residual, stream, delta = torch.empty_like(x), x, None
     else:
         stream, delta = residual, x
-    _state["lib"].tandem_add_rms_norm(stream.data_ptr(), _ptr(delta), residual.data_ptr(),
-                                      normed.data_ptr(), weight.data_ptr(), rows, dim, eps,
-                                      int(unit_offset))
+    lib.tandem_add_rms_norm(stream.data_ptr(), _ptr(delta), residual.data_ptr(),
+                            normed.data_ptr(), weight.data_ptr(), rows, dim, eps, unit_offset)
     return normed, residual
 
 
 def silu_and_mul(x: torch.Tensor) -> Optional[torch.Tensor]:
     """[T, 2I] -> silu(x[:, :I]) * x[:, I:], or None when the kernel does not apply."""
-    if x.dim() != 2 or not _applies(x):
+    if _state["lib"] is None or x.dim() != 2 or not _ok(x):
         return None
     inter = x.shape[1] // 2
     out = x.new_empty(x.shape[0], inter)
@@ -111,19 +115,20 @@ def rope_write_kv(qkv: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
     given) and rotated by rope (cos, sin [T, 1, D]); k and v written to the caches at
     slot_mapping. False (nothing done) when the kernel does not apply."""
     cos, sin = rope
-    if (head_dim > _MAX_HEAD_DIM or head_dim % 2 or qkv.dim() != 2
-            or not _applies(qkv, cos, sin, k_cache, v_cache)
-            or slot_mapping.dtype != torch.int64 or not slot_mapping.is_contiguous()
+    lib = _state["lib"]
+    if (lib is None or head_dim > _MAX_HEAD_DIM or head_dim % 2 or qkv.dim() != 2
+            or not (_ok(qkv) and _ok(cos) and _ok(sin) and _ok(k_cache) and _ok(v_cache))
+            or slot_mapping.dtype is not torch.int64 or not slot_mapping.is_contiguous()
             or qkv.shape[1] != (num_heads + 2 * num_kv_heads) * head_dim
             or cos.shape[-1] != head_dim):
         return False
     eps, unit_offset = 0.0, False
     if q_norm is not None:
         if (k_norm is None or q_norm.eps != k_norm.eps or q_norm.unit_offset != k_norm.unit_offset
-                or not _applies(q_norm.weight, k_norm.weight)):
+                or q_norm.weight.dtype is not _F32 or k_norm.weight.dtype is not _F32):
             return False
         eps, unit_offset = q_norm.eps, q_norm.unit_offset
-    rc = _state["lib"].tandem_rope_write_kv(
+    rc = lib.tandem_rope_write_kv(
         qkv.data_ptr(), qkv.shape[0], num_heads, num_kv_heads, head_dim, cos.data_ptr(),
         sin.data_ptr(), slot_mapping.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
         _ptr(q_norm.weight if q_norm is not None else None),
@@ -139,14 +144,16 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     q: [T, H, D] whose heads are contiguous within a token (any token stride: a view of the
     qkv projection works); requests: [G, 3] int64 (first query row, query count, keys);
     kv_slots: [G, Lmax] int64. False (nothing done) when the kernel does not apply."""
+    lib = _state["lib"]
     t, h, d = q.shape
     hkv = k_cache.shape[1]
-    if (d % 16 or d > _MAX_HEAD_DIM or h % hkv or q.stride(2) != 1 or q.stride(1) != d
-            or q.dtype != torch.float32 or not q.is_cpu or not _applies(k_cache, v_cache, out)
-            or not kv_slots.is_contiguous() or not requests.is_contiguous()):
-        return False
-    rc = _state["lib"].tandem_paged_attention(
-        q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(),
+    stride = q.stride()
+    if (lib is None or d % 16 or d > _MAX_HEAD_DIM or h % hkv or stride[2] != 1 or stride[1] != d
+            or q.dtype is not _F32 or not q.is_cpu or not (_ok(k_cache) and _ok(v_cache))
+            or not _ok(out)):
+        return False  # requests and kv_slots come from metadata.py: int64 and contiguous
+    rc = lib.tandem_paged_attention(
+        q.data_ptr(), stride[0], k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(),
         requests.data_ptr(), kv_slots.data_ptr(), requests.shape[0], kv_slots.shape[1], h, hkv,
         d, scale, sliding_window or 0)
     return rc == 0
