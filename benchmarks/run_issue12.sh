@@ -21,15 +21,15 @@ build_target(w / "target-90-0.02", 90, 0.02)
 build_random_draft(w / "random-draft")
 PY
 $B latency --model $SMOL ${P:+--prompts $P} --num-prompts 4 --max-tokens 128 --threads 2 \
-  --peers --output-json $R/latency.json
+  --peers --rounds 3 --output-json $R/latency.json
 $B throughput --model $SMOL ${P:+--prompts $P} --num-prompts 16 --max-tokens 128 --threads 2 \
-  --peers --output-json $R/throughput.json
+  --peers --rounds 3 --output-json $R/throughput.json
 # The bfloat16 matmul mode, only on CPUs that multiply bf16 natively (AVX512-BF16 or AMX).
 if grep -qwE 'avx512_bf16|amx_bf16' /proc/cpuinfo; then
   TANDEM_CPU_MATMUL=bf16 $B latency --model $SMOL ${P:+--prompts $P} --num-prompts 4 \
-    --max-tokens 128 --threads 2 --peers --output-json $R/latency_bf16.json
+    --max-tokens 128 --threads 2 --peers --rounds 3 --output-json $R/latency_bf16.json
   TANDEM_CPU_MATMUL=bf16 $B throughput --model $SMOL ${P:+--prompts $P} --num-prompts 16 \
-    --max-tokens 128 --threads 2 --peers --output-json $R/throughput_bf16.json
+    --max-tokens 128 --threads 2 --peers --rounds 3 --output-json $R/throughput_bf16.json
 fi
 $B spec --model "$W/target-90-0.02" -sc "{\"model\": \"$SMOL\"}" --k 1 2 3 4 5 --adaptive \
   --rounds 3 ${P:+--prompts $P} --num-prompts 4 --max-tokens 64 --threads 2 --plot docs/spec.png \
