@@ -29,8 +29,8 @@ class AttnGroup:
                               # in the always-zero null block)
     full_causal: bool         # one request whose queries are all its keys: plain causal attention
     small: bool               # decode/verify-sized queries (<= SMALL_QUERY each)
-    requests: torch.Tensor    # [G, 3] int64: flat index of the first query, queries, keys (the
-                              # fused CPU kernel's view of the group)
+    requests: Optional[torch.Tensor]  # [G, 3] int64: flat index of the first query, queries,
+                              # keys (the fused CPU kernel's view of the group; CPU only, else None)
     # Set only when the group's requests have different query lengths (padded rows exist):
     q_index: Optional[torch.Tensor] = None    # [G, Qmax] flat token index of each query (pad -> 0)
     valid_rows: Optional[torch.Tensor] = None  # [Nq] rows of the flattened [G * Qmax] that are real
@@ -116,7 +116,7 @@ def _group(members: range, starts: list[int], query_lens: list[int], seq_lens: l
         full_causal=len(members) == 1 and query_lens[r0] == seq_lens[r0],
         small=qmax <= SMALL_QUERY,
         requests=torch.tensor([[starts[r], query_lens[r], seq_lens[r]] for r in members],
-                              dtype=torch.long, device=device))
+                              dtype=torch.long) if device.type == "cpu" else None)
     if any(query_lens[r] != qmax for r in members):
         q_index = [list(range(starts[r], starts[r] + query_lens[r])) + [0] * (qmax - query_lens[r])
                    for r in members]

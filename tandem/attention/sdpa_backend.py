@@ -36,12 +36,12 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
                     sliding_window: Optional[int]) -> torch.Tensor:
     """q: [T, H, D] -> out [T, H, D]. Keys/values must already be written to the cache."""
     groups = meta.groups
-    fused = cpu_kernels.enabled() and q.is_cpu
+    fused = q.is_cpu and cpu_kernels.attention_takes(q.shape[2])
     if len(groups) == 1 and groups[0].uniform and not (fused and groups[0].small):
         return _attend(q, k_cache, v_cache, groups[0], scale, sliding_window)  # no copy out
     out = q.new_empty(q.shape)
     for g in groups:
-        if fused and g.small and cpu_kernels.paged_attention(
+        if fused and g.small and g.requests is not None and cpu_kernels.paged_attention(
                 q, k_cache, v_cache, out, g.requests, g.kv_slots, scale, sliding_window):
             continue  # decode/verify groups straight from the cache (kernels/cpu.py)
         og = _attend(q, k_cache, v_cache, g, scale, sliding_window)  # [G * Qmax, H, D]

@@ -25,7 +25,6 @@ from tandem.kernels.cpu_build import build_library, cpu_kernels_mode, load_libra
 logger = logging.getLogger("tandem")
 
 _state: dict[str, Optional[ctypes.CDLL]] = {"lib": None}  # the loaded library, or None: torch ops
-_MAX_HEAD_DIM = 512  # as in cpu_kernels.c
 
 
 def configure(device: torch.device) -> None:
@@ -116,7 +115,7 @@ def rope_write_kv(qkv: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
     slot_mapping. False (nothing done) when the kernel does not apply."""
     cos, sin = rope
     lib = _state["lib"]
-    if (lib is None or head_dim > _MAX_HEAD_DIM or head_dim % 2 or qkv.dim() != 2
+    if (lib is None or qkv.dim() != 2
             or not (_ok(qkv) and _ok(cos) and _ok(sin) and _ok(k_cache) and _ok(v_cache))
             or slot_mapping.dtype is not torch.int64 or not slot_mapping.is_contiguous()
             or qkv.shape[1] != (num_heads + 2 * num_kv_heads) * head_dim
@@ -128,12 +127,19 @@ def rope_write_kv(qkv: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
                 or q_norm.weight.dtype is not _F32 or k_norm.weight.dtype is not _F32):
             return False
         eps, unit_offset = q_norm.eps, q_norm.unit_offset
+    # The kernel refuses (-1, before writing anything) head sizes it does not take.
     rc = lib.tandem_rope_write_kv(
         qkv.data_ptr(), qkv.shape[0], num_heads, num_kv_heads, head_dim, cos.data_ptr(),
         sin.data_ptr(), slot_mapping.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
         _ptr(q_norm.weight if q_norm is not None else None),
         _ptr(k_norm.weight if k_norm is not None else None), eps, int(unit_offset))
     return rc == 0
+
+
+def attention_takes(head_dim: int) -> bool:
+    """Head sizes the attention kernel takes (cpu_kernels.c: multiples of 16 up to 512), so a
+    layer with another size goes straight to SDPA instead of asking the kernel every step."""
+    return _state["lib"] is not None and head_dim % 16 == 0 and head_dim <= 512
 
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -148,10 +154,10 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     t, h, d = q.shape
     hkv = k_cache.shape[1]
     stride = q.stride()
-    if (lib is None or d % 16 or d > _MAX_HEAD_DIM or h % hkv or stride[2] != 1 or stride[1] != d
-            or q.dtype is not _F32 or not q.is_cpu or not (_ok(k_cache) and _ok(v_cache))
-            or not _ok(out)):
+    if (lib is None or stride[2] != 1 or stride[1] != d or q.dtype is not _F32 or not q.is_cpu
+            or not (_ok(k_cache) and _ok(v_cache) and _ok(out))):
         return False  # requests and kv_slots come from metadata.py: int64 and contiguous
+    # The kernel refuses (-1, before writing anything) head sizes and GQA ratios it does not take.
     rc = lib.tandem_paged_attention(
         q.data_ptr(), stride[0], k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(),
         requests.data_ptr(), kv_slots.data_ptr(), requests.shape[0], kv_slots.shape[1], h, hkv,

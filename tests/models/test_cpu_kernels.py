@@ -224,3 +224,24 @@ def test_the_cache_is_keyed_by_cpu_and_source(monkeypatch, tmp_path):
     assert first.parent == tmp_path / "kernels" and cpu_build.build_library() == first
     monkeypatch.setattr(cpu_build, "_cpu_identity", lambda: "model name: another CPU\n")
     assert cpu_build.build_library() != first  # another CPU kind compiles its own copy
+
+
+def test_head_sizes_the_kernel_refuses_fall_back_to_sdpa(library, monkeypatch):
+    from tandem.attention.sdpa_backend import paged_attention as backend_attention
+    torch.manual_seed(0)
+    h, hkv, d, block = 4, 2, 8, 4  # head_dim 8: not a multiple of 16
+    k_cache, v_cache = torch.randn(16 * block, hkv, d), torch.randn(16 * block, hkv, d)
+    k_cache[:block] = v_cache[:block] = 0
+    q = torch.randn(3, h, d)
+    meta = build_attention_metadata([1, 2], [5, 9], [[2, 3], [4, 5, 6]], block,
+                                    torch.device("cpu"))
+    monkeypatch.setitem(cpu_kernels._state, "lib", library)
+    assert not cpu_kernels.attention_takes(d)
+    out = torch.empty(q.shape)
+    g = meta.groups[0]
+    assert not cpu_kernels.paged_attention(q, k_cache, v_cache, out, g.requests, g.kv_slots,
+                                           d ** -0.5, None)  # refused, nothing written
+    got = backend_attention(q, k_cache, v_cache, meta, d ** -0.5, None)
+    want = _reference_attention(q, k_cache, v_cache, [1, 2], [5, 9], [[2, 3], [4, 5, 6]], block,
+                                None)
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
