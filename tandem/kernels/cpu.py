@@ -4,7 +4,9 @@ A decode step on the CPU spends much of its non-matmul time in torch's per-op ov
 is five ops inside `F.rms_norm`, rotary and the KV write another six, paged attention two
 gathers, a mask and an SDPA call per layer. The kernels in cpu_kernels.c do each of these in one
 call (attention straight from the paged cache, without gathers), with reductions in a fixed
-order so a row's result never depends on its batch (speculation stays lossless).
+order so a row's result never depends on its batch (speculation stays lossless). cpu_gemm.c
+multiplies the linear layers' decode and verify batches (a few to a few dozen rows), where
+BLAS's small-matrix kernels leave much of the memory bandwidth unused.
 
 Each wrapper returns None (or False) when it does not apply (kernels off, not float32 on the
 CPU, a layout it does not take), and the caller then runs its torch code, which computes the
@@ -163,3 +165,19 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         requests.data_ptr(), kv_slots.data_ptr(), requests.shape[0], kv_slots.shape[1], h, hkv,
         d, scale, sliding_window or 0)
     return rc == 0
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor,
+           bias: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """x [T, in] @ weight [out, in].T (+ bias) -> [T, out] by cpu_gemm.c, on torch's thread
+    count; None when the kernel does not apply (in not a multiple of 16, a layout it does not
+    take). layers/matmul_choice.py decides where it runs (it pays up to a few dozen rows)."""
+    lib = _state["lib"]
+    if (lib is None or x.dim() != 2 or not _ok(x) or not _ok(weight)
+            or (bias is not None and not _ok(bias))):
+        return None
+    rows, k = x.shape
+    y = x.new_empty(rows, weight.shape[0])
+    rc = lib.tandem_linear(x.data_ptr(), weight.data_ptr(), _ptr(bias), y.data_ptr(), rows,
+                           weight.shape[0], k, torch.get_num_threads())
+    return y if rc == 0 else None

@@ -1,4 +1,4 @@
-"""Compiling and loading the fused CPU kernels (cpu_kernels.c) on this machine.
+"""Compiling and loading the CPU kernels (cpu_kernels.c, cpu_gemm.c, vec.h) on this machine.
 
 `TANDEM_CPU_KERNELS` chooses: `auto` (the default) compiles them with the system C compiler for
 this CPU (`-march=native`) the first time and falls back to torch ops, with one log line saying
@@ -10,6 +10,13 @@ by a hash of the source, the compiler's version, the flags and the CPU's model a
 machine of another kind (the CPU changes between hosts) compiles its own copy instead of loading
 one built for instructions it may lack. It is written to a temporary name and renamed, so
 processes starting together (tensor-parallel ranks) never load a half-written file.
+
+cpu_kernels.c is built without floating-point contraction, cpu_gemm.c with it (fused
+multiply-adds; every tile runs the same code, so rows still never depend on their batch), and
+cpu_gemm.c with OpenMP only when the process's OpenMP runtime is GNU libgomp, as in torch's
+builds: the library then binds to that same libgomp (by its soname) and runs in torch's thread
+pool. Under another runtime a second pool would spin against torch's, so the matmul is built
+single-threaded there and the start-up timing (layers/matmul_choice.py) decides whether it runs.
 """
 
 from __future__ import annotations
@@ -28,8 +35,10 @@ from typing import Optional
 logger = logging.getLogger("tandem")
 
 MODES = ("auto", "c", "torch")
-SOURCE = Path(__file__).with_name("cpu_kernels.c")
-FLAGS = ["-O3", "-ffp-contract=off", "-fPIC", "-shared", "-std=gnu11"]
+HERE = Path(__file__).parent
+HEADERS = [HERE / "vec.h"]
+SOURCES = {HERE / "cpu_kernels.c": ["-ffp-contract=off"], HERE / "cpu_gemm.c": ["-ffp-contract=fast"]}
+FLAGS = ["-O3", "-fPIC", "-std=gnu11", "-Wno-psabi"]
 
 _P, _I, _F, _INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
 SIGNATURES = {  # name -> (argtypes, restype)
@@ -37,6 +46,7 @@ SIGNATURES = {  # name -> (argtypes, restype)
     "tandem_silu_and_mul": ([_P, _P, _I, _I], None),
     "tandem_rope_write_kv": ([_P, _I, _I, _I, _I, _P, _P, _P, _P, _P, _P, _P, _F, _INT], _INT),
     "tandem_paged_attention": ([_P, _I, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _F, _I], _INT),
+    "tandem_linear": ([_P, _P, _P, _P, _I, _I, _I, _INT], _INT),
 }
 
 
@@ -69,6 +79,15 @@ def _arch_flag() -> str:
     return "-march=native" if platform.machine() in ("x86_64", "AMD64", "i686") else "-mcpu=native"
 
 
+def process_uses_libgomp() -> bool:
+    """GNU libgomp is the OpenMP runtime loaded in this process (torch's, on Linux builds)."""
+    try:
+        with open("/proc/self/maps") as f:
+            return any("libgomp" in line for line in f)
+    except OSError:
+        return False
+
+
 def _cache_dir() -> Path:
     root = os.environ.get("TANDEM_CACHE_DIR") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "tandem")
@@ -96,26 +115,41 @@ def build_library() -> Path:
     except (OSError, subprocess.SubprocessError) as e:
         raise RuntimeError(f"the C compiler {cc} does not run: {e}") from e
     flags = FLAGS + [_arch_flag()]
-    key = hashlib.sha256("\n".join([SOURCE.read_text(), cc, *version, *flags, platform.machine(),
-                                    _cpu_identity()]).encode()).hexdigest()[:16]
+    openmp = ["-fopenmp"] if process_uses_libgomp() else []
+    per_file = {src: flags + extra + (openmp if src.name == "cpu_gemm.c" else [])
+                for src, extra in SOURCES.items()}
+    link = flags + ["-shared"] + openmp
+    texts = [p.read_text() for p in [*HEADERS, *SOURCES]]
+    key = hashlib.sha256("\n".join([*texts, cc, *version, *map(str, per_file.values()), *link,
+                                    platform.machine(), _cpu_identity()]).encode()
+                         ).hexdigest()[:16]
     out = _cache_dir() / f"tandem_cpu_{key}.so"
     if out.exists():
         return out
     fd, tmp = tempfile.mkstemp(dir=out.parent, suffix=".so.tmp")
     os.close(fd)
     try:
-        proc = subprocess.run([cc, *flags, "-o", tmp, str(SOURCE), "-lm"], capture_output=True,
-                              text=True, timeout=120)
-        if proc.returncode != 0:
-            raise RuntimeError(f"{cc} failed to compile {SOURCE.name}: "
-                               f"{proc.stderr.strip()[-2000:]}")
+        with tempfile.TemporaryDirectory() as objdir:
+            objects = []
+            for src, src_flags in per_file.items():
+                obj = os.path.join(objdir, src.stem + ".o")
+                _compile(cc, [*src_flags, "-c", "-o", obj, str(src)], src.name)
+                objects.append(obj)
+            _compile(cc, [*link, "-o", tmp, *objects, "-lm"], "the kernel library")
         os.replace(tmp, out)
-    except subprocess.TimeoutExpired as e:
-        raise RuntimeError(f"{cc} took over 120 s to compile {SOURCE.name}") from e
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
     return out
+
+
+def _compile(cc: str, args: list[str], what: str) -> None:
+    try:
+        proc = subprocess.run([cc, *args], capture_output=True, text=True, timeout=120)
+    except subprocess.TimeoutExpired as e:
+        raise RuntimeError(f"{cc} took over 120 s to build {what}") from e
+    if proc.returncode != 0:
+        raise RuntimeError(f"{cc} failed to build {what}: {proc.stderr.strip()[-2000:]}")
 
 
 def load_library(path: Path) -> ctypes.CDLL:

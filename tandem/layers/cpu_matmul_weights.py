@@ -1,8 +1,9 @@
 """Applies the CPU matmul mode to a loaded model (TANDEM_CPU_MATMUL, layers/matmul_choice.py).
 
-Only `bf16` touches weights: every linear layer's weight (and the LM head's, as a separate copy
-when it is tied to the embedding) is stored in bfloat16, which `layers/linear.linear` then
-multiplies against bfloat16-rounded activations. The other modes pick kernels, not weights.
+`c` needs the C kernels (loaded first). Only `bf16` touches weights: every linear layer's weight
+(and the LM head's, as a separate copy when it is tied to the embedding) is stored in bfloat16,
+which `layers/linear.linear` then multiplies against bfloat16-rounded activations. The other
+modes pick kernels, not weights.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import logging
 import torch
 from torch import nn
 
+from tandem.kernels import cpu as cpu_kernels
 from tandem.layers.embedding import LMHead
 from tandem.layers.linear import ColumnParallelLinear, RowParallelLinear
 from tandem.layers.matmul_choice import cpu_matmul_mode, native_bf16
@@ -21,6 +23,10 @@ logger = logging.getLogger(__name__)
 
 def apply_cpu_matmul_mode(model: nn.Module, dtype: torch.dtype, device: torch.device) -> None:
     mode = cpu_matmul_mode()
+    if mode == "c" and device.type == "cpu" and not cpu_kernels.enabled():
+        raise ValueError("TANDEM_CPU_MATMUL='c' needs the fused CPU kernels, which are off "
+                         "(TANDEM_CPU_KERNELS='torch', or they could not be built: see the log); "
+                         "use 'auto', 'blas' or 'onednn'.")
     if mode != "bf16":
         return
     if device.type != "cpu" or dtype != torch.float32:

@@ -6,6 +6,14 @@ AMX Xeon BLAS was 1.8x faster for SmolLM2's layers at one token (see docs/perfor
 the first time a (weight shape, batch-size bucket) is seen, both are timed on that weight and the
 faster is kept for the process. `TANDEM_CPU_MATMUL=blas|onednn` fixes the choice instead.
 
+Decode and verify batches (up to C_MAX_ROWS rows) may instead run our own kernel
+(kernels/cpu_gemm.c), timed against the faster torch kernel at 1 and 16 rows the first time a
+weight shape is seen: where it wins, it multiplies every batch of that weight up to C_MAX_ROWS
+rows, so a token's row gets the same bits in plain decoding and in any verification (the kernel
+computes each row alone, in a fixed order). On the AMX Xeon it beat MKL 1.1x at one row and
+1.5-1.8x at 4-16 rows, and lost at 256 (docs/performance.md). `TANDEM_CPU_MATMUL=c` uses it for
+every shape it takes, BLAS beyond C_MAX_ROWS rows.
+
 `TANDEM_CPU_MATMUL=bf16` is the one mode that changes numerics, so it is never chosen by itself:
 on a CPU with native bfloat16 (AVX512-BF16 or AMX) the linear layers' weights are stored in
 bfloat16 and multiply bfloat16-rounded activations with float32 accumulation (the products come
@@ -25,6 +33,8 @@ from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
+
+from tandem.kernels import cpu as cpu_kernels
 
 Kernel = Callable[[torch.Tensor, torch.Tensor, Optional[torch.Tensor]], torch.Tensor]
 _BUCKETS = (1, 4, 16, 64, 256)  # rows a linear sees: decode, verify, batches, prefill chunks
@@ -46,9 +56,16 @@ def _has_onednn() -> bool:
         return False
 
 
+def _c(x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor]) -> torch.Tensor:
+    y = cpu_kernels.linear(x.contiguous(), w, b)
+    return F.linear(x, w, b) if y is None else y  # a weight layout the kernel does not take
+
+
 KERNELS: dict[str, Kernel] = {"blas": _blas, **({"onednn": _onednn} if _has_onednn() else {})}
-MODES = ("auto", "blas", "onednn", "bf16")
+MODES = ("auto", "blas", "onednn", "c", "bf16")
+C_MAX_ROWS = 64  # the C kernel beat MKL up to 64 rows on the AMX Xeon and lost at 256
 _chosen: dict[tuple[int, int, int], Kernel] = {}
+_c_chosen: dict[tuple[int, int], bool] = {}  # (out, in) -> the C kernel runs its small batches
 _forced: list[str] = []  # the validated TANDEM_CPU_MATMUL of the last model load
 
 
@@ -112,11 +129,29 @@ def _time(kernel: Kernel, x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Te
     return best
 
 
+def _c_wins(weight: torch.Tensor, bias: Optional[torch.Tensor]) -> bool:
+    """The C kernel is faster than the better torch kernel on `weight` at 1 and 16 rows."""
+    probes = [torch.randn(rows, weight.shape[1]) for rows in (1, 16)]
+    c = sum(_time(_c, p, weight, bias) for p in probes)
+    return all(c < sum(_time(k, p, weight, bias) for p in probes) for k in KERNELS.values())
+
+
 def kernel_for(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> Kernel:
     """The kernel for a [rows, in] float32 CPU input against `weight` [out, in]."""
     forced = _forced[0] if _forced else "auto"
     if forced in KERNELS:
         return KERNELS[forced]
+    if x.shape[0] <= C_MAX_ROWS and weight.shape[1] % 16 == 0 and cpu_kernels.enabled():
+        if forced == "c":
+            return _c
+        shape = (weight.shape[0], weight.shape[1])
+        use_c = _c_chosen.get(shape)
+        if use_c is None:
+            use_c = _c_chosen[shape] = _c_wins(weight, bias)
+        if use_c:
+            return _c
+    if forced == "c":
+        return _blas
     rows = _bucket(x.shape[0])
     key = (weight.shape[0], weight.shape[1], rows)
     kernel = _chosen.get(key)
@@ -130,7 +165,9 @@ def kernel_for(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tenso
     return kernel
 
 
-def chosen_kernels() -> dict[tuple[int, int, int], str]:
-    """(out, in, rows bucket) -> kernel name, for logs and benchmarks."""
+def chosen_kernels() -> dict[str, str]:
+    """"out x in, rows" -> kernel name, for logs and benchmarks."""
     names = {k: n for n, k in KERNELS.items()}
-    return {key: names[k] for key, k in _chosen.items()}
+    chosen = {f"{o}x{i}, rows <= {C_MAX_ROWS}": "c" for (o, i), c in _c_chosen.items() if c}
+    chosen.update({f"{o}x{i}, rows bucket {r}": names[k] for (o, i, r), k in _chosen.items()})
+    return chosen

@@ -20,8 +20,8 @@ def load_model(mc: Any, device: torch.device) -> nn.Module:
         model = build_model(mc.hf_config, mc.dtype, device, weights)
         if weights is None:
             _random_weights(model, mc.seed)
-        apply_cpu_matmul_mode(model, mc.dtype, device)
         cpu_kernels.configure(device)
+        apply_cpu_matmul_mode(model, mc.dtype, device)
         return model
     except torch.OutOfMemoryError as e:
         raise ValueError(f"{mc.model} does not fit in {device} memory in {mc.dtype} ({e}). Use a "

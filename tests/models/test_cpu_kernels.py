@@ -13,6 +13,7 @@ from tandem.attention.context import forward_context
 from tandem.attention.metadata import build_attention_metadata
 from tandem.kernels import cpu as cpu_kernels
 from tandem.kernels import cpu_build
+from tandem.layers import matmul_choice
 from tandem.layers.norm import RMSNorm
 from tandem.layers.rotary import RotaryEmbedding, rotate_qk
 from tandem.loader.weights import iter_safetensors
@@ -186,8 +187,10 @@ def test_models_match_transformers_on_both_paths(tiny_dirs, prompts, library, mo
         want = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).eval()(
             torch.tensor([ids])).logits[0]
     monkeypatch.setitem(cpu_kernels._state, "lib", library)
+    monkeypatch.setattr(matmul_choice, "_forced", ["c"])  # the C matmul too, for its batches
     fused = _logits(d, ids)
     monkeypatch.setitem(cpu_kernels._state, "lib", None)
+    monkeypatch.setattr(matmul_choice, "_forced", ["blas"])
     plain = _logits(d, ids)
     torch.testing.assert_close(fused, want, atol=1e-3, rtol=0)
     torch.testing.assert_close(plain, want, atol=1e-3, rtol=0)

@@ -17,7 +17,7 @@ needs_bf16 = pytest.mark.skipif(not native_bf16(), reason="CPU without native bf
 def test_unknown_mode_is_refused_by_name(tiny_dirs, monkeypatch):
     monkeypatch.setenv("TANDEM_CPU_MATMUL", "fastest")
     with pytest.raises(ValueError, match=r"TANDEM_CPU_MATMUL='fastest'.*'auto', 'blas', "
-                                         r"'onednn', 'bf16'"):
+                                         r"'onednn', 'c', 'bf16'"):
         LLM(tiny_dirs["llama"])
 
 

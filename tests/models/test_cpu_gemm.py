@@ -1,0 +1,124 @@
+"""The C matmul (tandem/kernels/cpu_gemm.c) for decode and verify batches: against a float64
+reference, rows that never depend on their batch or the thread count, where it is chosen, and
+TANDEM_CPU_MATMUL=c."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tandem import LLM, SamplingParams
+from tandem.kernels import cpu as cpu_kernels
+from tandem.kernels import cpu_build
+from tandem.layers import matmul_choice
+from tandem.layers.linear import linear
+
+
+@pytest.fixture(scope="module")
+def library():
+    try:
+        return cpu_build.load_library(cpu_build.build_library())
+    except RuntimeError as e:  # no C compiler: the torch kernels are what runs
+        pytest.skip(f"fused CPU kernels unavailable: {e}")
+
+
+@pytest.fixture
+def fused(library, monkeypatch):
+    monkeypatch.setitem(cpu_kernels._state, "lib", library)
+
+
+def _reference(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    y = x.double() @ w.double().T
+    return y if b is None else y + b.double()
+
+
+# in: one lane block, SmolLM2's hidden and intermediate sizes; out: tile tails of every kind.
+@pytest.mark.parametrize("n,k", [(1, 16), (7, 48), (962, 576), (131, 1536)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_linear_matches_a_float64_reference(fused, n, k, bias):
+    torch.manual_seed(0)
+    x, w = torch.randn(70, k), torch.randn(n, k) * k ** -0.5
+    b = torch.randn(n) if bias else None
+    for rows in (1, 2, 3, 5, 16, 17, 70):
+        got = cpu_kernels.linear(x[:rows], w, b)
+        assert got is not None and got.shape == (rows, n)
+        torch.testing.assert_close(got.double(), _reference(x[:rows], w, b), rtol=0, atol=2e-5)
+
+
+def test_rows_do_not_depend_on_the_batch_or_the_threads(fused):
+    torch.manual_seed(1)
+    x, w, b = torch.randn(70, 576), torch.randn(963, 576), torch.randn(963)
+    full = cpu_kernels.linear(x, w, b)
+    for rows in range(1, 70):
+        assert torch.equal(cpu_kernels.linear(x[:rows], w, b), full[:rows]), rows
+    for start in (1, 5, 13):  # a row's place in the batch does not matter either
+        assert torch.equal(cpu_kernels.linear(x[start:start + 9], w, b), full[start:start + 9])
+    threads = torch.get_num_threads()
+    try:
+        for t in {1, 2, threads}:
+            torch.set_num_threads(t)
+            assert torch.equal(cpu_kernels.linear(x, w, b), full), t
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_layouts_the_kernel_does_not_take_are_refused(fused):
+    torch.manual_seed(2)
+    w = torch.randn(32, 40)  # in not a multiple of 16
+    x = torch.randn(3, 40)
+    assert cpu_kernels.linear(x, w, None) is None
+    assert cpu_kernels.linear(torch.randn(3, 64), torch.randn(64, 32).T, None) is None
+    assert cpu_kernels.linear(torch.randn(3, 64).double(), torch.randn(8, 64).double(),
+                              None) is None
+    torch.testing.assert_close(linear(x, w), F.linear(x, w), rtol=0, atol=0)  # torch runs
+
+
+def test_the_c_kernel_runs_small_batches_where_it_wins(fused, monkeypatch):
+    monkeypatch.setattr(matmul_choice, "_forced", ["auto"])
+    monkeypatch.setattr(matmul_choice, "_c_chosen", {})
+    monkeypatch.setattr(matmul_choice, "_chosen", {})
+    timed = []
+    monkeypatch.setattr(matmul_choice, "_c_wins",
+                        lambda w, b: timed.append(tuple(w.shape)) or w.shape[0] == 96)
+    wins, loses = torch.randn(96, 64), torch.randn(80, 64)
+    for rows in (1, 16, 64):
+        assert matmul_choice.kernel_for(torch.randn(rows, 64), wins, None) is matmul_choice._c
+        assert matmul_choice.kernel_for(torch.randn(rows, 64), loses, None) in \
+            matmul_choice.KERNELS.values()
+    assert timed == [(96, 64), (80, 64)]  # once per weight shape, for all its small batches
+    assert matmul_choice.kernel_for(torch.randn(65, 64), wins, None) in \
+        matmul_choice.KERNELS.values()  # prefill-sized batches stay with BLAS or oneDNN
+    assert matmul_choice.chosen_kernels()["96x64, rows <= 64"] == "c"
+
+
+def test_the_timing_compares_against_every_torch_kernel(fused, monkeypatch):
+    times = {matmul_choice._c: 1.0, **{k: 2.0 for k in matmul_choice.KERNELS.values()}}
+    monkeypatch.setattr(matmul_choice, "_time", lambda k, x, w, b: times[k])
+    w = torch.randn(16, 32)
+    assert matmul_choice._c_wins(w, None)
+    times[matmul_choice.KERNELS["blas"]] = 0.5
+    assert not matmul_choice._c_wins(w, None)
+
+
+def test_mode_c_forces_the_kernel_and_stays_lossless(tiny_dirs, prompts, library, monkeypatch):
+    monkeypatch.setenv("TANDEM_CPU_MATMUL", "c")
+    greedy = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+    plain = LLM(tiny_dirs["llama"])
+    assert cpu_kernels.enabled()
+    w = next(p for n, p in plain.llm_engine.model.named_parameters() if n.endswith("qkv_proj.weight"))
+    assert matmul_choice.kernel_for(torch.randn(4, w.shape[1]), w, None) is matmul_choice._c
+    out = plain.generate(prompts, greedy, use_tqdm=False)
+    spec = LLM(tiny_dirs["llama"], speculative_config={
+        "model": tiny_dirs["llama_other"], "num_speculative_tokens": 3}).generate(
+        prompts, greedy, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in spec] == [o.outputs[0].token_ids for o in out]
+
+
+def test_mode_c_is_refused_without_the_kernels(tiny_dirs, monkeypatch):
+    monkeypatch.setitem(cpu_kernels._state, "lib", None)
+    monkeypatch.setenv("TANDEM_CPU_KERNELS", "torch")
+    monkeypatch.setenv("TANDEM_CPU_MATMUL", "c")
+    with pytest.raises(ValueError, match=r"TANDEM_CPU_MATMUL='c' needs the fused CPU kernels.*"
+                                         r"'auto', 'blas' or 'onednn'"):
+        LLM(tiny_dirs["llama"])
