@@ -5,10 +5,10 @@
  * paged attention as two gathers, a mask and an SDPA call. These kernels do the same math in one
  * call each, reading the paged KV cache in place.
  *
- * Every reduction runs in a fixed order over explicit 16-wide lanes, so a row's result does not
- * depend on the CPU's vector width, on the batch it is in, or on how many queries share its
- * request: speculative verification and plain decoding compute identical bits. The build turns
- * off floating-point contraction (-ffp-contract=off) for the same reason.
+ * Every reduction runs in a fixed order over explicit lanes (vec.h: 16 with AVX-512, 8
+ * elsewhere), so a row's result does not depend on the batch it is in or on how many queries
+ * share its request: speculative verification and plain decoding compute identical bits. The
+ * build turns off floating-point contraction (-ffp-contract=off) for the same reason.
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -19,8 +19,8 @@
 
 #define MAX_HEAD_DIM 512
 
-/* Sum of a[i] * b[i]: lane l sums the products i = l mod 16 in order, then hsum. */
-static inline float dot(const float *a, const float *b, int64_t n) {
+/* Sum of a[i] * b[i]: lane l sums the products i = l mod LANES in order, then hsum. */
+static inline __attribute__((always_inline)) float dot(const float *a, const float *b, int64_t n) {
     vf acc = {0};
     int64_t i = 0;
     for (; i + LANES <= n; i += LANES) acc += load(a + i) * load(b + i);
@@ -30,10 +30,10 @@ static inline float dot(const float *a, const float *b, int64_t n) {
     return hsum(load(lanes));
 }
 
-/* exp(x), 16 at a time: x = n ln2 + r, |r| <= ln2 / 2, exp(r) by a degree-6 polynomial, 2^n by
+/* exp(x), a vector at a time: x = n ln2 + r, |r| <= ln2 / 2, exp(r) by a degree-6 polynomial, 2^n by
  * the exponent bits. Relative error about 2e-7; x is clamped to [-87.3, 88.7] (so the result is
  * at least ~1e-38, never 0, and never inf). */
-static inline vf vexp(vf x) {
+static inline __attribute__((always_inline)) vf vexp(vf x) {
     x = vselect(x < splat(-87.3f), splat(-87.3f), x);
     x = vselect(x > splat(88.7f), splat(88.7f), x);
     vf y = x * 1.44269504088896341f + 0.5f;
@@ -52,7 +52,7 @@ static inline vf vexp(vf x) {
     return p * (vf)bits;
 }
 
-static inline float fast_exp(float x) {
+static inline __attribute__((always_inline)) float fast_exp(float x) {
     float a[LANES] = {0};
     a[0] = x;
     store(a, vexp(load(a)));
@@ -141,7 +141,7 @@ int tandem_rope_write_kv(float *qkv, int64_t t_count, int64_t h, int64_t hkv, in
 /* Query heads h0 .. h0 + nh - 1 (nh <= MAX_HEADS, all of KV head g, contiguous in q) against
  * keys lo .. hi: each key and value row is loaded once for all of them. p: [nh, stride] scratch
  * for the softmax weights. Head i's scores and sums run in the same order whatever nh is.
- * nv = D / 16, a constant where inlined, so the loops unroll into registers. */
+ * nv = D / LANES, a constant where inlined, so the loops unroll into registers. */
 #define MAX_HEADS 8
 static inline __attribute__((always_inline)) void attend_heads(
         const float *qh, const float *k_cache, const float *v_cache, const int64_t *slots,
@@ -154,7 +154,7 @@ static inline __attribute__((always_inline)) void attend_heads(
     vf mx[MAX_HEADS];
     for (int i = 0; i < nh; i++) mx[i] = splat(-INFINITY);
     for (int64_t j = lo; j <= hi; j += LANES) {
-        vf t[MAX_HEADS][LANES];  /* t[i][k]: head i's 16 partial sums for key j + k */
+        vf t[MAX_HEADS][LANES];  /* t[i][k]: head i's partial sums for key j + k */
         for (int k = 0; k < LANES; k++) {
             if (j + k <= hi) {
                 const float *kj = k_cache + (slots[j + k] * hkv + g) * d;
@@ -173,10 +173,9 @@ static inline __attribute__((always_inline)) void attend_heads(
                 for (int i = 0; i < nh; i++) t[i][k] = (vf){0};
             }
         }
-        vi live = __builtin_convertvector((vf){0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14,
-                                               15} + (float)j, vi) <= (int32_t)hi;
+        vi live = __builtin_convertvector(iota() + (float)j, vi) <= (int32_t)hi;
         for (int i = 0; i < nh; i++) {
-            vf sc = reduce16(t[i]) * scale;
+            vf sc = reduce_lanes(t[i]) * scale;
             store(p + i * stride + j, sc);
             mx[i] = vselect(live & (sc > mx[i]), sc, mx[i]);
         }
@@ -186,7 +185,7 @@ static inline __attribute__((always_inline)) void attend_heads(
         float m = mx[i][0];
         for (int l = 1; l < LANES; l++) m = mx[i][l] > m ? mx[i][l] : m;
         float *pi = p + i * stride;
-        /* 16 keys at a time; the last block's lanes past hi are never summed. */
+        /* LANES keys at a time; the last block's lanes past hi are never summed. */
         for (int64_t j = lo; j <= hi; j += LANES) store(pi + j, vexp(load(pi + j) - m));
         total[i] = 0.0f;
         for (int64_t j = lo; j <= hi; j++) total[i] += pi[j];
@@ -217,8 +216,8 @@ static void attend_group(const float *qh, const float *k_cache, const float *v_c
                          float scale, float *p, int64_t stride, float *o, int nh, int nv) {
 #define ATTEND(NV) attend_heads(qh, k_cache, v_cache, slots, hkv, g, lo, hi, scale, p, stride, \
                                 o, nh, NV)
-    if (nv == 4) ATTEND(4);
-    else if (nv == 8) ATTEND(8);
+    if (nv == 64 / LANES) ATTEND(64 / LANES);  /* head sizes 64 and 128, unrolled */
+    else if (nv == 128 / LANES) ATTEND(128 / LANES);
     else ATTEND(nv);
 #undef ATTEND
 }
@@ -234,7 +233,7 @@ int tandem_paged_attention(const float *q, int64_t q_stride, const float *k_cach
                            const float *v_cache, float *out, const int64_t *req,
                            const int64_t *kv_slots, int64_t num_reqs, int64_t lmax, int64_t h,
                            int64_t hkv, int64_t d, float scale, int64_t window) {
-    if (d > MAX_HEAD_DIM || d % LANES || h % hkv) return -1;
+    if (d > MAX_HEAD_DIM || d % 16 || h % hkv) return -1;  /* 16: the same sizes on every CPU */
     int64_t rep = h / hkv, stride = lmax + LANES;
     float *p = malloc(sizeof(float) * (size_t)(MAX_HEADS * stride));  /* softmax weights */
     if (!p) return -1;

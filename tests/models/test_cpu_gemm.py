@@ -10,17 +10,8 @@ import torch.nn.functional as F
 
 from tandem import LLM, SamplingParams
 from tandem.kernels import cpu as cpu_kernels
-from tandem.kernels import cpu_build
 from tandem.layers import matmul_choice
 from tandem.layers.linear import linear
-
-
-@pytest.fixture(scope="module")
-def library():
-    try:
-        return cpu_build.load_library(cpu_build.build_library())
-    except RuntimeError as e:  # no C compiler: the torch kernels are what runs
-        pytest.skip(f"fused CPU kernels unavailable: {e}")
 
 
 @pytest.fixture
@@ -101,7 +92,8 @@ def test_the_timing_compares_against_every_torch_kernel(fused, monkeypatch):
     assert not matmul_choice._c_wins(w, None)
 
 
-def test_mode_c_forces_the_kernel_and_stays_lossless(tiny_dirs, prompts, library, monkeypatch):
+def test_mode_c_forces_the_kernel_and_stays_lossless(tiny_dirs, prompts, native_library,
+                                                    monkeypatch):
     monkeypatch.setenv("TANDEM_CPU_MATMUL", "c")
     greedy = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
     plain = LLM(tiny_dirs["llama"])

@@ -20,14 +20,6 @@ from tandem.loader.weights import iter_safetensors
 from tandem.models.registry import build_model
 
 
-@pytest.fixture(scope="module")
-def library():
-    try:
-        return cpu_build.load_library(cpu_build.build_library())
-    except RuntimeError as e:  # no C compiler: the torch path is what runs, and is tested
-        pytest.skip(f"fused CPU kernels unavailable: {e}")
-
-
 @pytest.fixture
 def fused(library, monkeypatch):
     monkeypatch.setitem(cpu_kernels._state, "lib", library)
@@ -229,7 +221,7 @@ def test_the_cache_is_keyed_by_cpu_and_source(monkeypatch, tmp_path):
     assert cpu_build.build_library() != first  # another CPU kind compiles its own copy
 
 
-def test_head_sizes_the_kernel_refuses_fall_back_to_sdpa(library, monkeypatch):
+def test_head_sizes_the_kernel_refuses_fall_back_to_sdpa(native_library, monkeypatch):
     from tandem.attention.sdpa_backend import paged_attention as backend_attention
     torch.manual_seed(0)
     h, hkv, d, block = 4, 2, 8, 4  # head_dim 8: not a multiple of 16
@@ -238,7 +230,7 @@ def test_head_sizes_the_kernel_refuses_fall_back_to_sdpa(library, monkeypatch):
     q = torch.randn(3, h, d)
     meta = build_attention_metadata([1, 2], [5, 9], [[2, 3], [4, 5, 6]], block,
                                     torch.device("cpu"))
-    monkeypatch.setitem(cpu_kernels._state, "lib", library)
+    monkeypatch.setitem(cpu_kernels._state, "lib", native_library)
     assert not cpu_kernels.attention_takes(d)
     out = torch.empty(q.shape)
     g = meta.groups[0]

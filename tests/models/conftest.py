@@ -1,0 +1,42 @@
+"""The compiled CPU kernel library for the kernel tests: as built for this CPU and, on an
+AVX-512 x86 machine, also as built for AVX2 only, so the 8-lane code (vec.h) runs here too."""
+
+from __future__ import annotations
+
+import ctypes
+import platform
+
+import pytest
+
+from tandem.kernels import cpu_build
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return set(next((ln for ln in f if ln.startswith("flags")), "").split())
+    except OSError:
+        return set()
+
+
+@pytest.fixture(scope="session")
+def native_library() -> ctypes.CDLL:
+    try:
+        return cpu_build.load_library(cpu_build.build_library())
+    except RuntimeError as e:  # no C compiler: the torch path is what runs, and is tested
+        pytest.skip(f"fused CPU kernels unavailable: {e}")
+
+
+@pytest.fixture(scope="session", params=["native", "avx2"])
+def library(request, native_library) -> ctypes.CDLL:
+    if request.param == "native":
+        return native_library
+    flags = _cpu_flags()
+    if platform.machine() != "x86_64" or not {"avx512f", "avx2", "fma"} <= flags:
+        pytest.skip("the native build is already the 8-lane one, or this is not x86")
+    patch = pytest.MonkeyPatch()
+    patch.setattr(cpu_build, "_arch_flag", lambda: "-march=haswell")
+    try:
+        return cpu_build.load_library(cpu_build.build_library())
+    finally:
+        patch.undo()
