@@ -181,3 +181,26 @@ def linear(x: torch.Tensor, weight: torch.Tensor,
     rc = lib.tandem_linear(x.data_ptr(), weight.data_ptr(), _ptr(bias), y.data_ptr(), rows,
                            weight.shape[0], k, torch.get_num_threads())
     return y if rc == 0 else None
+
+
+def llama_stack(x: torch.Tensor, dims: torch.Tensor, table: torch.Tensor,
+                final_norm: torch.Tensor, eps: float, qk_eps: float, qk_unit_offset: bool,
+                rope: tuple[torch.Tensor, torch.Tensor], slot_mapping: torch.Tensor,
+                requests: torch.Tensor, kv_slots: torch.Tensor,
+                scale: float) -> Optional[torch.Tensor]:
+    """A Llama-family decoder stack in one call (cpu_decoder.c): x [T, hidden] embeddings ->
+    the final norm's output [T, hidden]. dims: [5] int64 (hidden, intermediate, heads, KV
+    heads, head size); table: [layers, 11] int64 addresses (models/llama_fused.py). None when
+    a kernel refused (the caller then runs the layers one by one, rewriting the same slots)."""
+    lib = _state["lib"]
+    cos, sin = rope
+    if lib is None or not (_ok(x) and _ok(cos) and _ok(sin)) or not slot_mapping.is_contiguous():
+        return None
+    out = torch.empty_like(x)
+    rc = lib.tandem_llama_stack(
+        x.data_ptr(), out.data_ptr(), x.shape[0], dims.data_ptr(), table.shape[0],
+        table.data_ptr(), final_norm.data_ptr(), eps, qk_eps, int(qk_unit_offset),
+        cos.data_ptr(), sin.data_ptr(), slot_mapping.data_ptr(), requests.data_ptr(),
+        kv_slots.data_ptr(), requests.shape[0], kv_slots.shape[1], scale,
+        torch.get_num_threads())
+    return out if rc == 0 else None

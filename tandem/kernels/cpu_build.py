@@ -1,4 +1,4 @@
-"""Compiling and loading the CPU kernels (cpu_kernels.c, cpu_gemm.c, vec.h) on this machine.
+"""Compiling and loading the CPU kernels (cpu_kernels.c, cpu_gemm.c, cpu_decoder.c) here.
 
 `TANDEM_CPU_KERNELS` chooses: `auto` (the default) compiles them with the system C compiler for
 this CPU (`-march=native`) the first time and falls back to torch ops, with one log line saying
@@ -37,7 +37,9 @@ logger = logging.getLogger("tandem")
 MODES = ("auto", "c", "torch")
 HERE = Path(__file__).parent
 HEADERS = [HERE / "vec.h"]
-SOURCES = {HERE / "cpu_kernels.c": ["-ffp-contract=off"], HERE / "cpu_gemm.c": ["-ffp-contract=fast"]}
+SOURCES = {HERE / "cpu_kernels.c": ["-ffp-contract=off"],
+           HERE / "cpu_gemm.c": ["-ffp-contract=fast"],
+           HERE / "cpu_decoder.c": ["-ffp-contract=off"]}
 FLAGS = ["-O3", "-fPIC", "-std=gnu11", "-Wno-psabi"]
 
 _P, _I, _F, _INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
@@ -47,6 +49,8 @@ SIGNATURES = {  # name -> (argtypes, restype)
     "tandem_rope_write_kv": ([_P, _I, _I, _I, _I, _P, _P, _P, _P, _P, _P, _P, _F, _INT], _INT),
     "tandem_paged_attention": ([_P, _I, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _F, _I], _INT),
     "tandem_linear": ([_P, _P, _P, _P, _I, _I, _I, _INT], _INT),
+    "tandem_llama_stack": ([_P, _P, _I, _P, _I, _P, _P, _F, _F, _INT, _P, _P, _P, _P, _P, _I, _I,
+                            _F, _INT], _INT),
 }
 
 

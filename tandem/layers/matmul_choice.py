@@ -166,7 +166,7 @@ def kernel_for(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tenso
 
 
 def chosen_kernels() -> dict[str, str]:
-    """"out x in, rows" -> kernel name, for logs and benchmarks."""
+    """The kernel chosen per "out x in, rows" key, for logs and benchmarks."""
     names = {k: n for n, k in KERNELS.items()}
     chosen = {f"{o}x{i}, rows <= {C_MAX_ROWS}": "c" for (o, i), c in _c_chosen.items() if c}
     chosen.update({f"{o}x{i}, rows bucket {r}": names[k] for (o, i, r), k in _chosen.items()})

@@ -16,6 +16,7 @@ from tandem.layers.embedding import Embedding, LMHead
 from tandem.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from tandem.layers.norm import RMSNorm
 from tandem.layers.rotary import Rope, RotaryEmbedding, rope_parameters
+from tandem.models.llama_fused import fused_stack
 from tandem.models.weights import load_weights
 
 
@@ -84,6 +85,9 @@ class LlamaModel(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         x = self.embed_tokens(input_ids)  # [T, hidden]
         rope = self.rotary(positions)
+        fused = fused_stack(self, x, rope)  # decode/verify steps on the CPU: one C call
+        if fused is not None:
+            return fused
         residual: Optional[torch.Tensor] = None
         for layer in self.layers:
             x, residual = layer(rope, x, residual)
