@@ -163,7 +163,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     rc = lib.tandem_paged_attention(
         q.data_ptr(), stride[0], k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(),
         requests.data_ptr(), kv_slots.data_ptr(), requests.shape[0], kv_slots.shape[1], h, hkv,
-        d, scale, sliding_window or 0)
+        d, scale, sliding_window or 0, torch.get_num_threads())
     return rc == 0
 
 

@@ -12,11 +12,12 @@ one built for instructions it may lack. It is written to a temporary name and re
 processes starting together (tensor-parallel ranks) never load a half-written file.
 
 cpu_kernels.c is built without floating-point contraction, cpu_gemm.c with it (fused
-multiply-adds; every tile runs the same code, so rows still never depend on their batch), and
-cpu_gemm.c with OpenMP only when the process's OpenMP runtime is GNU libgomp, as in torch's
-builds: the library then binds to that same libgomp (by its soname) and runs in torch's thread
-pool. Under another runtime a second pool would spin against torch's, so the matmul is built
-single-threaded there and the start-up timing (layers/matmul_choice.py) decides whether it runs.
+multiply-adds; every tile runs the same code, so rows still never depend on their batch). OpenMP
+(the matmul's and attention's threads) is linked only when the process's OpenMP runtime is GNU
+libgomp, as in torch's builds: the library then binds to that same libgomp (by its soname) and
+runs in torch's thread pool. Under another runtime a second pool would spin against torch's, so
+the kernels are built single-threaded there and the start-up timing (layers/matmul_choice.py)
+decides whether the matmul runs.
 """
 
 from __future__ import annotations
@@ -47,7 +48,8 @@ SIGNATURES = {  # name -> (argtypes, restype)
     "tandem_add_rms_norm": ([_P, _P, _P, _P, _P, _I, _I, _F, _INT], None),
     "tandem_silu_and_mul": ([_P, _P, _I, _I], None),
     "tandem_rope_write_kv": ([_P, _I, _I, _I, _I, _P, _P, _P, _P, _P, _P, _P, _F, _INT], _INT),
-    "tandem_paged_attention": ([_P, _I, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _F, _I], _INT),
+    "tandem_paged_attention": ([_P, _I, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _F, _I, _INT],
+                               _INT),
     "tandem_linear": ([_P, _P, _P, _P, _I, _I, _I, _INT], _INT),
     "tandem_llama_stack": ([_P, _P, _I, _P, _I, _P, _P, _F, _F, _INT, _P, _P, _P, _P, _P, _I, _I,
                             _F, _INT], _INT),
@@ -120,8 +122,7 @@ def build_library() -> Path:
         raise RuntimeError(f"the C compiler {cc} does not run: {e}") from e
     flags = FLAGS + [_arch_flag()]
     openmp = ["-fopenmp"] if process_uses_libgomp() else []
-    per_file = {src: flags + extra + (openmp if src.name == "cpu_gemm.c" else [])
-                for src, extra in SOURCES.items()}
+    per_file = {src: flags + extra + openmp for src, extra in SOURCES.items()}
     link = flags + ["-shared"] + openmp
     texts = [p.read_text() for p in [*HEADERS, *SOURCES]]
     key = hashlib.sha256("\n".join([*texts, cc, *version, *map(str, per_file.values()), *link,

@@ -16,7 +16,7 @@ int tandem_rope_write_kv(float *qkv, int64_t t_count, int64_t h, int64_t hkv, in
 int tandem_paged_attention(const float *q, int64_t q_stride, const float *k_cache,
                            const float *v_cache, float *out, const int64_t *req,
                            const int64_t *kv_slots, int64_t num_reqs, int64_t lmax, int64_t h,
-                           int64_t hkv, int64_t d, float scale, int64_t window);
+                           int64_t hkv, int64_t d, float scale, int64_t window, int threads);
 int tandem_linear(const float *x, const float *w, const float *bias, float *y, int64_t m,
                   int64_t n, int64_t k, int threads);
 
@@ -56,7 +56,7 @@ int tandem_llama_stack(const float *x, float *out, int64_t t, const int64_t *dim
                                    P(l, V_CACHE), P(l, Q_NORM), P(l, K_NORM), qk_eps,
                                    qk_unit_offset);
         rc |= tandem_paged_attention(qkv, qkv_n, P(l, K_CACHE), P(l, V_CACHE), attn, requests,
-                                     kv_slots, groups, lmax, h, hkv, d, scale, 0);
+                                     kv_slots, groups, lmax, h, hkv, d, scale, 0, threads);
         rc |= tandem_linear(attn, P(l, O_W), NULL, normed, t, hidden, h * d, threads);
         /* normed holds the attention block's output; the stream absorbs it, normed gets the
          * norm (the kernel reads each row before writing it). */

@@ -15,6 +15,10 @@
 #include <string.h>
 #include <math.h>
 
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
 #include "vec.h"
 
 #define MAX_HEAD_DIM 512
@@ -227,17 +231,29 @@ static void attend_group(const float *qh, const float *k_cache, const float *v_c
  * 0 .. req[r][2] - 1 at cache slots kv_slots[r][j]; its query i sits at position
  * req[r][2] - req[r][1] + i and attends keys j <= position (and j > position - window when
  * window > 0). q: [T, q_stride] with head hd at hd * D; out: [T, H, D]. Query heads
- * g * rep .. g * rep + rep - 1 share KV head g. D must be a multiple of 16. Returns -1 on bad
- * sizes or no memory. */
+ * g * rep .. g * rep + rep - 1 share KV head g. D must be a multiple of 16. Requests are spread
+ * over `threads` OpenMP threads (in torch's pool; one request is computed by one thread, so its
+ * bits do not depend on the split). Returns -1 on bad sizes or no memory. */
 int tandem_paged_attention(const float *q, int64_t q_stride, const float *k_cache,
                            const float *v_cache, float *out, const int64_t *req,
                            const int64_t *kv_slots, int64_t num_reqs, int64_t lmax, int64_t h,
-                           int64_t hkv, int64_t d, float scale, int64_t window) {
+                           int64_t hkv, int64_t d, float scale, int64_t window, int threads) {
     if (d > MAX_HEAD_DIM || d % 16 || h % hkv) return -1;  /* 16: the same sizes on every CPU */
     int64_t rep = h / hkv, stride = lmax + LANES;
-    float *p = malloc(sizeof(float) * (size_t)(MAX_HEADS * stride));  /* softmax weights */
+    int nt = threads > 1 ? threads : 1;
+    /* softmax weights, one scratch per thread */
+    float *p = malloc(sizeof(float) * (size_t)(nt * MAX_HEADS * stride));
     if (!p) return -1;
+    /* Below ~1M multiply-adds a second thread costs more to wake than it saves. */
+    int parallel = nt > 1 && num_reqs > 1 && num_reqs * lmax * h * d >= (1 << 20);
+    (void)parallel;
+#pragma omp parallel for num_threads(nt) schedule(dynamic, 1) if (parallel)
     for (int64_t r = 0; r < num_reqs; r++) {
+#ifdef _OPENMP
+        float *pr = p + (size_t)omp_get_thread_num() * MAX_HEADS * stride;
+#else
+        float *pr = p;
+#endif
         int64_t q0 = req[3 * r], qlen = req[3 * r + 1], slen = req[3 * r + 2];
         const int64_t *slots = kv_slots + r * lmax;
         for (int64_t i = 0; i < qlen; i++) {
@@ -249,7 +265,7 @@ int tandem_paged_attention(const float *q, int64_t q_stride, const float *k_cach
                 int64_t g = hd / rep, left = (g + 1) * rep - hd;
                 int nh = (int)(left < MAX_HEADS ? left : MAX_HEADS);
                 attend_group(q + (q0 + i) * q_stride + hd * d, k_cache, v_cache, slots, hkv, g,
-                             lo, pos, scale, p, stride, out + ((q0 + i) * h + hd) * d, nh,
+                             lo, pos, scale, pr, stride, out + ((q0 + i) * h + hd) * d, nh,
                              (int)(d / LANES));
                 hd += nh;
             }

@@ -6,8 +6,8 @@ math itself already runs in our C kernels. When every piece of the stack would r
 (float32 on the CPU with the kernels on, our matmul chosen for each weight at this batch size,
 one decode/verify attention group, one rank, SiLU, no bias but q/k/v's, no sliding window),
 `fused_stack` runs all layers in one call: the same kernels in the same order on the same
-shapes, so the result is bit-identical to the layer-by-layer path (tests/models/test_cpu_gemm.py).
-Anything else returns None and the layers run as before.
+shapes, so the result is bit-identical to the layer-by-layer path
+(tests/models/test_llama_fused.py). Anything else returns None and the layers run as before.
 """
 
 from __future__ import annotations

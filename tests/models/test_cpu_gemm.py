@@ -98,7 +98,8 @@ def test_mode_c_forces_the_kernel_and_stays_lossless(tiny_dirs, prompts, native_
     greedy = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
     plain = LLM(tiny_dirs["llama"])
     assert cpu_kernels.enabled()
-    w = next(p for n, p in plain.llm_engine.model.named_parameters() if n.endswith("qkv_proj.weight"))
+    w = next(p for n, p in plain.llm_engine.model.named_parameters()
+             if n.endswith("qkv_proj.weight"))
     assert matmul_choice.kernel_for(torch.randn(4, w.shape[1]), w, None) is matmul_choice._c
     out = plain.generate(prompts, greedy, use_tqdm=False)
     spec = LLM(tiny_dirs["llama"], speculative_config={

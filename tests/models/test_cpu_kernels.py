@@ -145,6 +145,29 @@ def test_attention_rows_do_not_depend_on_the_batch(fused):
         assert torch.equal(alone[0], verify[i]) and torch.equal(batched[0], verify[i]), i
 
 
+def test_attention_threads_split_requests_without_changing_bits(fused):
+    torch.manual_seed(3)
+    h, hkv, d, block, reqs = 8, 2, 64, 16, 12
+    k_cache = torch.randn(reqs * 20 * block, hkv, d)
+    v_cache = torch.randn_like(k_cache)
+    tables = [[r * 20 + i for i in range(20)] for r in range(reqs)]
+    meta = build_attention_metadata([2] * reqs, [300 + r for r in range(reqs)], tables, block,
+                                    torch.device("cpu"))  # big enough for the threads to wake
+    g = meta.groups[0]
+    q = torch.randn(2 * reqs, h, d)
+    outs = []
+    threads = torch.get_num_threads()
+    try:
+        for t in (1, 2, 3):
+            torch.set_num_threads(t)
+            outs.append(torch.empty(q.shape))
+            assert cpu_kernels.paged_attention(q, k_cache, v_cache, outs[-1], g.requests,
+                                               g.kv_slots, 0.125, None)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
+
+
 def test_norm_rows_do_not_depend_on_the_batch(fused):
     torch.manual_seed(0)
     x, w = torch.randn(33, 576), torch.randn(576)
