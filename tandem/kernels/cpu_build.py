@@ -37,7 +37,7 @@ logger = logging.getLogger("tandem")
 
 MODES = ("auto", "c", "torch")
 HERE = Path(__file__).parent
-HEADERS = [HERE / "vec.h"]
+HEADERS = [HERE / "vec.h", HERE / "kernels.h"]
 SOURCES = {HERE / "cpu_kernels.c": ["-ffp-contract=off"],
            HERE / "cpu_gemm.c": ["-ffp-contract=fast"],
            HERE / "cpu_decoder.c": ["-ffp-contract=off"]}
@@ -63,6 +63,15 @@ def cpu_kernels_mode() -> str:
         raise ValueError(f"TANDEM_CPU_KERNELS={mode!r} is not supported; choose one of "
                          f"{list(MODES)}.")
     return mode
+
+
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags from /proc/cpuinfo (empty where there is none)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return set(next((line for line in f if line.startswith("flags")), "").split()[2:])
+    except OSError:
+        return set()
 
 
 def _cpu_identity() -> str:

@@ -6,19 +6,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 
-void tandem_add_rms_norm(const float *x, const float *delta, float *sum_out, float *normed,
-                         const float *w, int64_t rows, int64_t dim, float eps, int unit_offset);
-void tandem_silu_and_mul(const float *gu, float *out, int64_t rows, int64_t inter);
-int tandem_rope_write_kv(float *qkv, int64_t t_count, int64_t h, int64_t hkv, int64_t d,
-                         const float *cos, const float *sin, const int64_t *slots,
-                         float *k_cache, float *v_cache, const float *q_norm_w,
-                         const float *k_norm_w, float eps, int unit_offset);
-int tandem_paged_attention(const float *q, int64_t q_stride, const float *k_cache,
-                           const float *v_cache, float *out, const int64_t *req,
-                           const int64_t *kv_slots, int64_t num_reqs, int64_t lmax, int64_t h,
-                           int64_t hkv, int64_t d, float scale, int64_t window, int threads);
-int tandem_linear(const float *x, const float *w, const float *bias, float *y, int64_t m,
-                  int64_t n, int64_t k, int threads);
+#include "kernels.h"
 
 /* Addresses per layer in `table` ([layers, LAYER_PTRS] int64), NULL (0) where absent. */
 enum { IN_NORM, POST_NORM, QKV_W, QKV_B, O_W, GATE_UP_W, DOWN_W, Q_NORM, K_NORM, K_CACHE,

@@ -20,6 +20,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "kernels.h"
 #include "vec.h"
 
 /* A tile of MR x NR accumulators, one register each, plus NR rows of w and one of x: 4 x 4 in

@@ -19,6 +19,7 @@
 #include <omp.h>
 #endif
 
+#include "kernels.h"
 #include "vec.h"
 
 #define MAX_HEAD_DIM 512

@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from tandem.kernels import cpu as cpu_kernels
+from tandem.kernels.cpu_build import cpu_flags
 
 Kernel = Callable[[torch.Tensor, torch.Tensor, Optional[torch.Tensor]], torch.Tensor]
 _BUCKETS = (1, 4, 16, 64, 256)  # rows a linear sees: decode, verify, batches, prefill chunks
@@ -84,12 +85,7 @@ def cpu_matmul_mode() -> str:
 
 def native_bf16() -> bool:
     """The CPU multiplies bfloat16 natively (AVX512-BF16 or AMX-BF16 in /proc/cpuinfo)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = next((line for line in f if line.startswith("flags")), "").split()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
+    return bool({"avx512_bf16", "amx_bf16"} & cpu_flags())
 
 
 # bf16 matmuls run in chunks of exactly this many rows (the last one zero-padded): oneDNN picks

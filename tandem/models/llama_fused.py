@@ -103,7 +103,8 @@ def fused_stack(model: LlamaModel, x: torch.Tensor, rope: Rope) -> Optional[torc
     fused call does not apply."""
     if not cpu_kernels.enabled() or not _f32(x) or x.shape[0] > matmul_choice.C_MAX_ROWS:
         return None
-    groups = get_forward_context().groups
+    meta = get_forward_context()
+    groups = meta.groups
     if len(groups) != 1 or not groups[0].small or groups[0].requests is None:
         return None
     plan = model.__dict__.get("_fused_plan", False)
@@ -117,5 +118,5 @@ def fused_stack(model: LlamaModel, x: torch.Tensor, rope: Rope) -> Optional[torc
         return None
     g = groups[0]
     return cpu_kernels.llama_stack(x, plan.dims, table, model.norm.weight, plan.eps, plan.qk_eps,
-                                   plan.qk_unit_offset, rope, get_forward_context().slot_mapping,
+                                   plan.qk_unit_offset, rope, meta.slot_mapping,
                                    g.requests, g.kv_slots, plan.scale)

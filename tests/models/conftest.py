@@ -1,5 +1,6 @@
 """The compiled CPU kernel library for the kernel tests: as built for this CPU and, on an
-AVX-512 x86 machine, also as built for AVX2 only, so the 8-lane code (vec.h) runs here too."""
+AVX-512 x86 machine, also as built for AVX2 only, so the 8-lane code (vec.h) runs here too;
+`fused` switches a test's process to the library."""
 
 from __future__ import annotations
 
@@ -8,15 +9,8 @@ import platform
 
 import pytest
 
+from tandem.kernels import cpu as cpu_kernels
 from tandem.kernels import cpu_build
-
-
-def _cpu_flags() -> set[str]:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return set(next((ln for ln in f if ln.startswith("flags")), "").split())
-    except OSError:
-        return set()
 
 
 @pytest.fixture(scope="session")
@@ -31,7 +25,7 @@ def native_library() -> ctypes.CDLL:
 def library(request, native_library) -> ctypes.CDLL:
     if request.param == "native":
         return native_library
-    flags = _cpu_flags()
+    flags = cpu_build.cpu_flags()
     if platform.machine() != "x86_64" or not {"avx512f", "avx2", "fma"} <= flags:
         pytest.skip("the native build is already the 8-lane one, or this is not x86")
     patch = pytest.MonkeyPatch()
@@ -40,3 +34,8 @@ def library(request, native_library) -> ctypes.CDLL:
         return cpu_build.load_library(cpu_build.build_library())
     finally:
         patch.undo()
+
+
+@pytest.fixture
+def fused(library, monkeypatch):
+    monkeypatch.setitem(cpu_kernels._state, "lib", library)

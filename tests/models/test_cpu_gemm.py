@@ -14,11 +14,6 @@ from tandem.layers import matmul_choice
 from tandem.layers.linear import linear
 
 
-@pytest.fixture
-def fused(library, monkeypatch):
-    monkeypatch.setitem(cpu_kernels._state, "lib", library)
-
-
 def _reference(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
     y = x.double() @ w.double().T
     return y if b is None else y + b.double()

@@ -20,16 +20,6 @@ from tandem.loader.weights import iter_safetensors
 from tandem.models.registry import build_model
 
 
-@pytest.fixture
-def fused(library, monkeypatch):
-    monkeypatch.setitem(cpu_kernels._state, "lib", library)
-
-
-@pytest.fixture
-def unfused(monkeypatch):
-    monkeypatch.setitem(cpu_kernels._state, "lib", None)
-
-
 @pytest.mark.parametrize("unit_offset", [False, True])
 @pytest.mark.parametrize("dim", [576, 40, 7])  # lanes, a partial last lane block, fewer than 16
 def test_add_rms_norm_matches_torch(fused, unit_offset, dim):

@@ -1,0 +1,33 @@
+/* The functions the CPU kernel library exports (loaded through ctypes by tandem/kernels/cpu.py,
+ * whose cpu_build.SIGNATURES mirror these), declared once so every file that defines or calls
+ * one is checked against the same signature. */
+#ifndef TANDEM_KERNELS_H
+#define TANDEM_KERNELS_H
+#include <stdint.h>
+
+/* cpu_kernels.c */
+void tandem_add_rms_norm(const float *x, const float *delta, float *sum_out, float *normed,
+                         const float *w, int64_t rows, int64_t dim, float eps, int unit_offset);
+void tandem_silu_and_mul(const float *gu, float *out, int64_t rows, int64_t inter);
+int tandem_rope_write_kv(float *qkv, int64_t t_count, int64_t h, int64_t hkv, int64_t d,
+                         const float *cos, const float *sin, const int64_t *slots,
+                         float *k_cache, float *v_cache, const float *q_norm_w,
+                         const float *k_norm_w, float eps, int unit_offset);
+int tandem_paged_attention(const float *q, int64_t q_stride, const float *k_cache,
+                           const float *v_cache, float *out, const int64_t *req,
+                           const int64_t *kv_slots, int64_t num_reqs, int64_t lmax, int64_t h,
+                           int64_t hkv, int64_t d, float scale, int64_t window, int threads);
+
+/* cpu_gemm.c */
+int tandem_linear(const float *x, const float *w, const float *bias, float *y, int64_t m,
+                  int64_t n, int64_t k, int threads);
+
+/* cpu_decoder.c */
+int tandem_llama_stack(const float *x, float *out, int64_t t, const int64_t *dims,
+                       int64_t layers, const int64_t *table, const float *final_norm,
+                       float eps, float qk_eps, int qk_unit_offset, const float *cos,
+                       const float *sin, const int64_t *slots, const int64_t *requests,
+                       const int64_t *kv_slots, int64_t groups, int64_t lmax, float scale,
+                       int threads);
+
+#endif
