@@ -203,9 +203,13 @@ def test_stop_ends_the_stream(page: Any, web_servers: WebServers) -> None:
     srv = web_servers.spec
     open_page(page, srv)
     fill_request(page, "completion", PROMPT, max_tokens=480, seed=3)
+    # Stop is clicked from inside the page as the 10th token lands: from the test process the
+    # click could arrive after all 480 tokens (about a second with the fused CPU step), and
+    # the page would rightly say "done" instead.
+    page.evaluate(f"""() => new MutationObserver((_, observer) => {{
+        if ({COUNT} >= 10) {{ observer.disconnect(); document.getElementById('stop').click(); }}
+    }}).observe(document.getElementById('output'), {{childList: true, subtree: true}})""")
     page.click("#generate")
-    page.wait_for_function(f"{COUNT} >= 10", timeout=TIMEOUT_MS)
-    page.click("#stop")
     page.wait_for_selector("#status[data-state=stopped]", timeout=TIMEOUT_MS)
     stopped_at = page.evaluate(COUNT_JS)
     assert stopped_at < 480
