@@ -92,7 +92,8 @@ def test_page_and_assets_need_no_key(web_servers: WebServers) -> None:
     assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
     assert not re.search(r"""(src|href)=["']https?:""", page.text)  # no CDN, no network
     for asset, kind in [("app.js", "text/javascript"), ("spec.js", "text/javascript"),
-                        ("style.css", "text/css"),
+                        ("api.js", "text/javascript"), ("tokens.js", "text/javascript"),
+                        ("charts.js", "text/javascript"), ("style.css", "text/css"),
                         ("vendor/chart.umd.min.js", "text/javascript")]:
         r = httpx.get(f"{url}/static/{asset}", timeout=10)
         assert r.status_code == 200 and r.headers["content-type"].startswith(kind), asset

@@ -1,8 +1,9 @@
 """The web page of `tandem serve` at `/`: a prompt box whose streamed output marks every token as
 an accepted draft or the target's own, beside live acceptance figures and the server's totals.
 
-The page is static (static/index.html, app.js, spec.js, style.css and a vendored Chart.js) and
-talks to the server only through the public API (/v1/models, /v1/completions,
+The page is static (static/index.html; app.js, which uses spec.js for the figures, api.js for
+requests and the SSE reader, tokens.js for token spans and charts.js; style.css and a vendored
+Chart.js) and talks to the server only through the public API (/v1/models, /v1/completions,
 /v1/chat/completions with `spec_decode_token_origin`, /metrics), so it shows nothing a client
 could not get. Every asset ships inside the package: the page works on a machine without a
 network. The page and its assets are served without an API key (middleware.py lists them); the

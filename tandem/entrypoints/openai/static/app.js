@@ -1,11 +1,13 @@
 // The page's behaviour: send the prompt through the public API with the
 // `spec_decode_token_origin` extension, render each streamed token with its origin, and keep the
-// request's and the server's figures (and the two charts) current. Model text only ever reaches
-// the page through textContent, never as HTML.
+// request's and the server's figures (and the two charts) current. Uses spec.js (the figures),
+// api.js (requests and the SSE reader), tokens.js (token spans) and charts.js.
 (function () {
   "use strict";
 
   const $ = (id) => document.getElementById(id);
+  const {ApiError, readStream} = TandemApi;
+  const {tokenTexts, tokenSpan, describe} = TandemTokens;
   const KEY_STORAGE = "tandem.apiKey";
   const POLL_BUSY_MS = 1000;  // /metrics while a request streams
   const POLL_IDLE_MS = 5000;  // and otherwise (other clients move the totals too)
@@ -24,33 +26,10 @@
 
   // ---- API access -------------------------------------------------------------------------
 
+  function api(path, init) { return TandemApi.request(path, init, state.apiKey); }
+
   function readStoredKey() {
     try { return localStorage.getItem(KEY_STORAGE) || ""; } catch (e) { return ""; }
-  }
-
-  class ApiError extends Error {
-    constructor(message, status) { super(message); this.status = status; }
-  }
-
-  // fetch with the key; an error status becomes an ApiError carrying the server's message.
-  async function api(path, init) {
-    const headers = Object.assign({}, (init && init.headers) || {});
-    if (state.apiKey) headers["Authorization"] = "Bearer " + state.apiKey;
-    const response = await fetch(path, Object.assign({}, init, {headers}));
-    if (!response.ok) {
-      throw new ApiError(await errorMessage(response), response.status);
-    }
-    return response;
-  }
-
-  // OpenAI's error shape {"error": {"message"}}, else whatever text came back.
-  async function errorMessage(response) {
-    const text = await response.text();
-    try {
-      const body = JSON.parse(text);
-      if (body && body.error && body.error.message) return body.error.message;
-    } catch (e) { /* not JSON */ }
-    return text || response.statusText;
   }
 
   function showError(message) {
@@ -196,37 +175,6 @@
     if (state.controller) state.controller.abort();
   }
 
-  // Reads the SSE stream, calling onChunk per JSON event; returns the last finish_reason.
-  // An error event (the server's sse_error) becomes an ApiError.
-  async function readStream(response, handle) {
-    const reader = response.body.getReader();
-    const decoder = new TextDecoder();
-    let buffer = "";
-    let finish = null;
-    for (;;) {
-      const {value, done} = await reader.read();
-      if (done) break;
-      buffer += decoder.decode(value, {stream: true});
-      let cut;
-      while ((cut = buffer.indexOf("\n\n")) >= 0) {
-        const event = buffer.slice(0, cut);
-        buffer = buffer.slice(cut + 2);
-        for (const line of event.split("\n")) {
-          if (!line.startsWith("data:")) continue;
-          const data = line.slice(5).trim();
-          if (data === "[DONE]") return finish;
-          const payload = JSON.parse(data);
-          if (payload.error) {
-            throw new ApiError(payload.error.message || "error in the stream",
-                               payload.error.code || 500);
-          }
-          finish = handle(payload) || finish;
-        }
-      }
-    }
-    return finish;
-  }
-
   function resetRequest() {
     showError("");
     state.stats = new Spec.RequestStats(state.server && state.server.hasSpec ? state.server.k : 0);
@@ -291,32 +239,6 @@
     showRequest();
   }
 
-  // Token texts and logprobs in either response format.
-  function tokenTexts(choice) {
-    const lp = choice.logprobs;
-    if (lp && Array.isArray(lp.content)) {  // chat
-      return {texts: lp.content.map((t) => t.token), logprobs: lp.content.map((t) => t.logprob)};
-    }
-    if (lp && Array.isArray(lp.tokens)) {   // completions
-      return {texts: lp.tokens, logprobs: lp.token_logprobs};
-    }
-    const text = choice.text !== undefined ? choice.text : (choice.delta && choice.delta.content);
-    return {texts: text ? [text] : [], logprobs: []};
-  }
-
-  function tokenSpan(text, origin, kind, position, id, logprob, guess) {
-    const span = document.createElement("span");
-    span.className = "tok " + origin + " " + kind;
-    span.textContent = text === "" ? "∅" : text;
-    span.dataset.origin = origin;
-    span.dataset.kind = kind;
-    if (position !== null) span.dataset.position = String(position);
-    if (id !== undefined) span.dataset.tokenId = String(id);
-    if (logprob !== undefined && logprob !== null) span.dataset.logprob = String(logprob);
-    if (guess !== null) span.dataset.rejected = guess;
-    return span;
-  }
-
   // ---- figures ----------------------------------------------------------------------------
 
   function showRequest() {
@@ -352,74 +274,9 @@
     return rates.length ? rates.map((r, i) => (i + 1) + ": " + percent(r)).join(" · ") : "–";
   }
 
-  // ---- charts (Chart.js, vendored; the page works without them) -----------------------------
-
-  const charts = (function () {
-    if (typeof Chart === "undefined") return {update() {}};
-    Chart.defaults.font.size = 11;
-    const common = {animation: false, responsive: true, maintainAspectRatio: false};
-    const percentAxis = {min: 0, max: 100, ticks: {callback: (v) => v + "%"}};
-    const byPosition = new Chart($("chart-position"), {
-      type: "bar",
-      data: {labels: [], datasets: [
-        {label: "this request", data: [], backgroundColor: "#3fa66b"},
-        {label: "server total", data: [], backgroundColor: "#8c9bb5"},
-      ]},
-      options: Object.assign({}, common, {scales: {y: percentAxis,
-        x: {title: {display: true, text: "draft position"}}}}),
-    });
-    const overTime = new Chart($("chart-time"), {
-      type: "line",
-      data: {labels: [], datasets: [
-        {label: "cumulative", data: [], borderColor: "#2f6fd6", pointRadius: 0, borderWidth: 2},
-        {label: "last 8 steps", data: [], borderColor: "#e08a2c", pointRadius: 0, borderWidth: 1.5},
-      ]},
-      options: Object.assign({}, common, {scales: {y: percentAxis,
-        x: {title: {display: true, text: "verify step"}, ticks: {maxTicksLimit: 8}}}}),
-    });
-    let pending = false;
-    function draw() {
-      pending = false;
-      const s = state.stats;
-      const server = state.server && state.server.hasSpec ? state.server.positionRates : [];
-      const mine = s ? s.positionRates() : [];
-      const n = Math.max(server.length, mine.length);
-      byPosition.data.labels = Array.from({length: n}, (_, i) => String(i + 1));
-      byPosition.data.datasets[0].data = Array.from({length: n}, (_, i) => pct(mine[i]));
-      byPosition.data.datasets[1].data = Array.from({length: n}, (_, i) => pct(server[i]));
-      byPosition.update();
-      const steps = s ? s.timeline : [];
-      overTime.data.labels = steps.map((t) => t.step);
-      overTime.data.datasets[0].data = steps.map((t) => pct(t.rate));
-      overTime.data.datasets[1].data = steps.map((t) => pct(t.windowRate));
-      overTime.update();
-    }
-    function pct(x) { return x === null || x === undefined ? null : 100 * x; }
-    // At most one redraw per frame however many tokens arrive.
-    return {update() { if (!pending) { pending = true; requestAnimationFrame(draw); } }};
-  })();
+  const charts = TandemCharts.create(() => ({stats: state.stats, server: state.server}));
 
   // ---- hover: the token's origin, id, logprob and the draft's rejected guess ---------------
-
-  function describe(span) {
-    const d = span.dataset;
-    const lines = [];
-    const what = {
-      accepted: "draft token, accepted by the target (draft position " + (Number(d.position) + 1) + ")",
-      recovered: "target token, sampled after rejecting the draft's guess",
-      bonus: "target token: the bonus after every draft was accepted",
-    };
-    lines.push(what[d.kind] || (d.origin === "target" ? "target token (no draft at this step)"
-                                                      : "origin unknown"));
-    if (d.rejected !== undefined) lines.push("rejected draft: " + JSON.stringify(d.rejected));
-    const id = d.tokenId !== undefined ? "token id " + d.tokenId : "token id ?";
-    const lp = d.logprob !== undefined
-      ? "logprob " + Number(d.logprob).toFixed(3) + " (p = " + Math.exp(Number(d.logprob)).toFixed(3) + ")"
-      : "logprob ?";
-    lines.push(id + " · " + lp);
-    lines.push("text " + JSON.stringify(span.textContent));
-    return lines.join("\n");
-  }
 
   function onHover(event) {
     const tip = $("token-tooltip");
