@@ -22,7 +22,7 @@ from typing import Optional
 
 import torch
 
-from tandem.kernels.cpu_build import build_library, cpu_kernels_mode, load_library
+from tandem.kernels.cpu_build import build_library, cpu_kernels_mode, cpu_march, load_library
 
 logger = logging.getLogger("tandem")
 
@@ -30,8 +30,9 @@ _state: dict[str, Optional[ctypes.CDLL]] = {"lib": None}  # the loaded library, 
 
 
 def configure(device: torch.device) -> None:
-    """Apply TANDEM_CPU_KERNELS for a model loaded on `device` (validated first)."""
-    mode = cpu_kernels_mode()
+    """Apply TANDEM_CPU_KERNELS and TANDEM_CPU_MARCH for a model loaded on `device` (both
+    validated first)."""
+    mode, march = cpu_kernels_mode(), cpu_march()
     if mode == "torch":
         _state["lib"] = None
         return
@@ -42,6 +43,9 @@ def configure(device: torch.device) -> None:
         _state["lib"] = load_library(path)
         logger.info("CPU kernels: fused C kernels from %s (TANDEM_CPU_KERNELS=%s)", path, mode)
     except (RuntimeError, OSError) as e:
+        if march != "native":  # a target the user named and the compiler refused: say so
+            raise ValueError(f"TANDEM_CPU_MARCH={march!r}: the CPU kernels could not be built "
+                             f"for it: {e}. Use 'native' or a target the compiler knows.") from e
         if mode == "c":
             raise ValueError(f"TANDEM_CPU_KERNELS='c' needs the fused CPU kernels, which could "
                              f"not be built: {e}. Use 'auto' or 'torch'.") from e

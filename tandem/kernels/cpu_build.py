@@ -3,7 +3,10 @@
 `TANDEM_CPU_KERNELS` chooses: `auto` (the default) compiles them with the system C compiler for
 this CPU (`-march=native`) the first time and falls back to torch ops, with one log line saying
 why, where there is no compiler; `c` requires them (the error says why they are missing);
-`torch` never uses them. Any other value is refused at load.
+`torch` never uses them. Any other value is refused at load. `TANDEM_CPU_MARCH` names another
+compiler target than this CPU (`-march=` on x86, `-mcpu=` elsewhere: `haswell` or `x86-64-v3` for
+an AVX2 build that also runs on older machines, or to see here what an AVX2-only CPU runs);
+`native` is the default.
 
 The library is cached under `$TANDEM_CACHE_DIR` (default `~/.cache/tandem`) in `kernels/`, named
 by a hash of the source, the compiler's version, the flags and the CPU's model and flags: a
@@ -27,6 +30,7 @@ import hashlib
 import logging
 import os
 import platform
+import re
 import shutil
 import subprocess
 import tempfile
@@ -90,8 +94,41 @@ def _compiler() -> Optional[str]:
     return None
 
 
+def cpu_march() -> str:
+    """TANDEM_CPU_MARCH, validated as a compiler target name (the compiler judges the rest)."""
+    march = os.environ.get("TANDEM_CPU_MARCH", "native").strip() or "native"
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.+-]*", march):
+        raise ValueError(f"TANDEM_CPU_MARCH={march!r} is not a compiler target name; use "
+                         f"'native' (the default) or one such as 'haswell' or 'x86-64-v3'.")
+    return march
+
+
 def _arch_flag() -> str:
-    return "-march=native" if platform.machine() in ("x86_64", "AMD64", "i686") else "-mcpu=native"
+    x86 = platform.machine() in ("x86_64", "AMD64", "i686")
+    return ("-march=" if x86 else "-mcpu=") + cpu_march()
+
+
+# The compiler's macro for an instruction set -> the /proc/cpuinfo flag of a CPU that has it.
+_X86_MACROS = {"__AVX__": "avx", "__AVX2__": "avx2", "__FMA__": "fma", "__F16C__": "f16c",
+               "__AVX512F__": "avx512f", "__AVX512BW__": "avx512bw", "__AVX512DQ__": "avx512dq",
+               "__AVX512VL__": "avx512vl", "__AVX512BF16__": "avx512_bf16",
+               "__AVX512FP16__": "avx512_fp16", "__AMX_TILE__": "amx_tile"}
+
+
+def _check_target_runs_here(cc: str, arch: str) -> None:
+    """A named target whose instructions this CPU lacks would compile, then die of an illegal
+    instruction at the first call: refuse it here instead (x86, where the flags are known)."""
+    flags = cpu_flags()
+    if arch.endswith("=native") or platform.machine() != "x86_64" or not flags:
+        return
+    proc = subprocess.run([cc, arch, "-dM", "-E", "-x", "c", os.devnull], capture_output=True,
+                          text=True, timeout=30)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{cc} does not know {arch}: {proc.stderr.strip()[-500:]}")
+    defined = {line.split()[1] for line in proc.stdout.splitlines() if line.count(" ") >= 2}
+    missing = sorted(f for m, f in _X86_MACROS.items() if m in defined and f not in flags)
+    if missing:
+        raise RuntimeError(f"{arch} uses instructions this CPU lacks: {', '.join(missing)}")
 
 
 def process_uses_libgomp() -> bool:
@@ -129,7 +166,9 @@ def build_library() -> Path:
                                  timeout=30).stdout.splitlines()[:1]
     except (OSError, subprocess.SubprocessError) as e:
         raise RuntimeError(f"the C compiler {cc} does not run: {e}") from e
-    flags = FLAGS + [_arch_flag()]
+    arch = _arch_flag()
+    _check_target_runs_here(cc, arch)
+    flags = FLAGS + [arch]
     openmp = ["-fopenmp"] if process_uses_libgomp() else []
     per_file = {src: flags + extra + openmp for src, extra in SOURCES.items()}
     link = flags + ["-shared"] + openmp
@@ -147,7 +186,7 @@ def build_library() -> Path:
             objects = []
             for src, src_flags in per_file.items():
                 obj = os.path.join(objdir, src.stem + ".o")
-                _compile(cc, [*src_flags, "-c", "-o", obj, str(src)], src.name)
+                _compile(cc, [*src_flags, "-c", "-o", obj, str(src)], f"{src.name} ({arch})")
                 objects.append(obj)
             _compile(cc, [*link, "-o", tmp, *objects, "-lm"], "the kernel library")
         os.replace(tmp, out)

@@ -29,7 +29,7 @@ def library(request, native_library) -> ctypes.CDLL:
     if platform.machine() != "x86_64" or not {"avx512f", "avx2", "fma"} <= flags:
         pytest.skip("the native build is already the 8-lane one, or this is not x86")
     patch = pytest.MonkeyPatch()
-    patch.setattr(cpu_build, "_arch_flag", lambda: "-march=haswell")
+    patch.setenv("TANDEM_CPU_MARCH", "haswell")
     try:
         return cpu_build.load_library(cpu_build.build_library())
     finally:

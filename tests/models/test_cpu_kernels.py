@@ -3,6 +3,8 @@ depend on their batch, whole models against transformers on both paths, and TAND
 
 from __future__ import annotations
 
+import platform
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -220,6 +222,25 @@ def test_without_a_compiler_auto_falls_back_and_c_refuses(tiny_dirs, prompts, mo
     monkeypatch.setenv("TANDEM_CPU_KERNELS", "c")
     with pytest.raises(ValueError, match=r"TANDEM_CPU_KERNELS='c' needs the fused CPU kernels.*"
                                          r"no C compiler found.*'auto' or 'torch'"):
+        LLM(tiny_dirs["llama"])
+
+
+def test_cpu_march_is_validated_and_refused_by_name(tiny_dirs, monkeypatch):
+    monkeypatch.setitem(cpu_kernels._state, "lib", None)
+    monkeypatch.setenv("TANDEM_CPU_MARCH", "-O0 -g")
+    with pytest.raises(ValueError, match=r"TANDEM_CPU_MARCH='-O0 -g' is not a compiler target"):
+        LLM(tiny_dirs["llama"])
+    if cpu_build._compiler() is None or platform.machine() != "x86_64":
+        pytest.skip("needs an x86 C compiler")
+    monkeypatch.setenv("TANDEM_CPU_MARCH", "pentium-9000")
+    with pytest.raises(ValueError, match=r"TANDEM_CPU_MARCH='pentium-9000': .*does not know "
+                                         r"-march=pentium-9000"):
+        LLM(tiny_dirs["llama"])
+    # A target with instructions this CPU lacks would die of SIGILL at the first call.
+    monkeypatch.setattr(cpu_build, "cpu_flags", lambda: {"sse4_2", "avx", "avx2", "fma", "f16c"})
+    monkeypatch.setenv("TANDEM_CPU_MARCH", "skylake-avx512")
+    with pytest.raises(ValueError, match=r"-march=skylake-avx512 uses instructions this CPU "
+                                         r"lacks: avx512bw, avx512dq, avx512f, avx512vl"):
         LLM(tiny_dirs["llama"])
 
 
