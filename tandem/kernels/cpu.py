@@ -187,6 +187,12 @@ def linear(x: torch.Tensor, weight: torch.Tensor,
     return y if rc == 0 else None
 
 
+def evict(t: torch.Tensor) -> bool:
+    """Evicts t's memory from the CPU caches; False where the library is off or cannot."""
+    lib = _state["lib"]
+    return lib is not None and lib.tandem_evict(t.data_ptr(), t.numel() * t.element_size()) == 0
+
+
 def llama_stack(x: torch.Tensor, dims: torch.Tensor, table: torch.Tensor,
                 final_norm: torch.Tensor, eps: float, qk_eps: float, qk_unit_offset: bool,
                 rope: tuple[torch.Tensor, torch.Tensor], slot_mapping: torch.Tensor,

@@ -55,6 +55,7 @@ SIGNATURES = {  # name -> (argtypes, restype)
     "tandem_paged_attention": ([_P, _I, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _F, _I, _INT],
                                _INT),
     "tandem_linear": ([_P, _P, _P, _P, _I, _I, _I, _INT], _INT),
+    "tandem_evict": ([_P, _I], _INT),
     "tandem_llama_stack": ([_P, _P, _I, _P, _I, _P, _P, _F, _F, _INT, _P, _P, _P, _P, _P, _I, _I,
                             _F, _INT], _INT),
 }

@@ -91,3 +91,22 @@ int tandem_linear(const float *x, const float *w, const float *bias, float *y, i
     }
     return 0;
 }
+
+/* Evicts [p, p + bytes) from every cache level (x86 clflush, Arm dc civac): the start-up timing
+ * of layers/matmul_choice.py times a matmul with its weight in memory, as a model larger than
+ * the caches streams each weight every step. Returns -1 (nothing done) on other machines. */
+int tandem_evict(const void *p, int64_t bytes) {
+    const char *c = (const char *)((uintptr_t)p & ~(uintptr_t)63), *end = (const char *)p + bytes;
+#if defined(__x86_64__) || defined(__i386__)
+    for (; c < end; c += 64) __builtin_ia32_clflush(c);
+    __builtin_ia32_mfence();
+    return 0;
+#elif defined(__aarch64__)
+    for (; c < end; c += 64) __asm__ volatile("dc civac, %0" : : "r"(c) : "memory");
+    __asm__ volatile("dsb ish" : : : "memory");
+    return 0;
+#else
+    (void)c, (void)end;
+    return -1;
+#endif
+}

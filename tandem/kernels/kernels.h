@@ -21,6 +21,7 @@ int tandem_paged_attention(const float *q, int64_t q_stride, const float *k_cach
 /* cpu_gemm.c */
 int tandem_linear(const float *x, const float *w, const float *bias, float *y, int64_t m,
                   int64_t n, int64_t k, int threads);
+int tandem_evict(const void *p, int64_t bytes);
 
 /* cpu_decoder.c */
 int tandem_llama_stack(const float *x, float *out, int64_t t, const int64_t *dims,

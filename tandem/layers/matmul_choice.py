@@ -8,11 +8,18 @@ faster is kept for the process. `TANDEM_CPU_MATMUL=blas|onednn` fixes the choice
 
 Decode and verify batches (up to C_MAX_ROWS rows) may instead run our own kernel
 (kernels/cpu_gemm.c), timed against the faster torch kernel at 1 and 16 rows the first time a
-weight shape is seen: where it wins, it multiplies every batch of that weight up to C_MAX_ROWS
+weight shape is seen (a fused decoder stack's shapes together, in total: `choose_c_together`):
+where it wins, it multiplies every batch of that weight up to C_MAX_ROWS
 rows, so a token's row gets the same bits in plain decoding and in any verification (the kernel
 computes each row alone, in a fixed order). On the AMX Xeon it beat MKL 1.1x at one row and
 1.5-1.8x at 4-16 rows, and lost at 256 (docs/performance.md). `TANDEM_CPU_MATMUL=c` uses it for
 every shape it takes, BLAS beyond C_MAX_ROWS rows.
+
+Every timing evicts the weight from the caches first (where the kernel library is loaded): a
+model larger than the caches streams each weight from memory every step, and that is the race
+that matters. Timed hot, a layer's weight sits in L2, where BLAS's kernels are built to win: with
+AVX2 only, hot timings picked BLAS for SmolLM2's layers though our kernel ran a single stream
+1.4x faster in the engine (docs/performance.md).
 
 `TANDEM_CPU_MATMUL=bf16` is the one mode that changes numerics, so it is never chosen by itself:
 on a CPU with native bfloat16 (AVX512-BF16 or AMX) the linear layers' weights are stored in
@@ -115,21 +122,40 @@ def _bucket(rows: int) -> int:
 
 
 def _time(kernel: Kernel, x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor]) -> float:
+    """The best of a few calls, each with w evicted from the caches first (kept hot where the
+    kernel library, which evicts, is off)."""
     kernel(x, w, b)  # warm-up (oneDNN builds its primitive on first use)
     best = float("inf")
-    for _ in range(3):
+    for _ in range(4):
+        cpu_kernels.evict(w)
         t0 = time.perf_counter()
-        kernel(x, w, b)
         kernel(x, w, b)
         best = min(best, time.perf_counter() - t0)
     return best
 
 
-def _c_wins(weight: torch.Tensor, bias: Optional[torch.Tensor]) -> bool:
-    """The C kernel is faster than the better torch kernel on `weight` at 1 and 16 rows."""
-    probes = [torch.randn(rows, weight.shape[1]) for rows in (1, 16)]
-    c = sum(_time(_c, p, weight, bias) for p in probes)
-    return all(c < sum(_time(k, p, weight, bias) for p in probes) for k in KERNELS.values())
+def _c_wins(weights: list[tuple[torch.Tensor, Optional[torch.Tensor]]]) -> bool:
+    """The C kernel is faster than the better torch kernel for each weight, summed over the
+    weights (weight, bias) at 1 and 16 rows."""
+    c = best_torch = 0.0
+    for w, b in weights:
+        probes = [torch.randn(rows, w.shape[1]) for rows in (1, 16)]
+        c += sum(_time(_c, p, w, b) for p in probes)
+        best_torch += min(sum(_time(k, p, w, b) for p in probes) for k in KERNELS.values())
+    return c < best_torch
+
+
+def choose_c_together(weights: list[torch.Tensor]) -> None:
+    """Decides the C kernel for these weights' shapes as one (those not decided yet): a fused
+    decoder stack (models/llama_fused.py) runs only where it multiplies every one of them, so a
+    shape it loses by a few percent alone must not turn off a stack that wins as a whole."""
+    if (_forced[0] if _forced else "auto") != "auto" or not cpu_kernels.enabled():
+        return
+    todo = {(w.shape[0], w.shape[1]): w for w in weights
+            if w.shape[1] % 16 == 0 and (w.shape[0], w.shape[1]) not in _c_chosen}
+    if todo:
+        wins = _c_wins([(w, None) for w in todo.values()])
+        _c_chosen.update({shape: wins for shape in todo})
 
 
 def kernel_for(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> Kernel:
@@ -143,7 +169,7 @@ def kernel_for(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tenso
         shape = (weight.shape[0], weight.shape[1])
         use_c = _c_chosen.get(shape)
         if use_c is None:
-            use_c = _c_chosen[shape] = _c_wins(weight, bias)
+            use_c = _c_chosen[shape] = _c_wins([(weight, bias)])
         if use_c:
             return _c
     if forced == "c":

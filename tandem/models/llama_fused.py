@@ -110,8 +110,10 @@ def fused_stack(model: LlamaModel, x: torch.Tensor, rope: Rope) -> Optional[torc
     plan = model.__dict__.get("_fused_plan", False)
     if plan is False:
         plan = model.__dict__["_fused_plan"] = _plan(model)
-    if plan is None or any(matmul_choice.kernel_for(x, w, None) is not matmul_choice._c
-                           for w in plan.weights):
+    if plan is None:
+        return None
+    matmul_choice.choose_c_together(plan.weights)
+    if any(matmul_choice.kernel_for(x, w, None) is not matmul_choice._c for w in plan.weights):
         return None
     table = _table(model, plan)
     if table is None:

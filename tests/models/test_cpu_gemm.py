@@ -4,6 +4,8 @@ TANDEM_CPU_MATMUL=c."""
 
 from __future__ import annotations
 
+import platform
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -65,8 +67,8 @@ def test_the_c_kernel_runs_small_batches_where_it_wins(fused, monkeypatch):
     monkeypatch.setattr(matmul_choice, "_c_chosen", {})
     monkeypatch.setattr(matmul_choice, "_chosen", {})
     timed = []
-    monkeypatch.setattr(matmul_choice, "_c_wins",
-                        lambda w, b: timed.append(tuple(w.shape)) or w.shape[0] == 96)
+    monkeypatch.setattr(matmul_choice, "_c_wins", lambda weights: timed.append(
+        tuple(weights[0][0].shape)) or weights[0][0].shape[0] == 96)
     wins, loses = torch.randn(96, 64), torch.randn(80, 64)
     for rows in (1, 16, 64):
         assert matmul_choice.kernel_for(torch.randn(rows, 64), wins, None) is matmul_choice._c
@@ -82,9 +84,53 @@ def test_the_timing_compares_against_every_torch_kernel(fused, monkeypatch):
     times = {matmul_choice._c: 1.0, **{k: 2.0 for k in matmul_choice.KERNELS.values()}}
     monkeypatch.setattr(matmul_choice, "_time", lambda k, x, w, b: times[k])
     w = torch.randn(16, 32)
-    assert matmul_choice._c_wins(w, None)
+    assert matmul_choice._c_wins([(w, None)])
     times[matmul_choice.KERNELS["blas"]] = 0.5
-    assert not matmul_choice._c_wins(w, None)
+    assert not matmul_choice._c_wins([(w, None)])
+
+
+def test_a_fused_stacks_shapes_are_chosen_together_by_their_total(fused, monkeypatch):
+    """One shape that loses alone by a little must not turn off the C kernel for a stack that
+    wins as a whole (the fused stack needs it on every shape), nor a big win on one shape hide
+    losses on the others."""
+    monkeypatch.setattr(matmul_choice, "_forced", ["auto"])
+    monkeypatch.setattr(matmul_choice, "_c_chosen", {})
+    a, b, c = torch.randn(32, 16), torch.randn(48, 16), torch.randn(64, 16)
+    cost = {32: (1.0, 2.0), 48: (1.1, 1.0), 64: (3.0, 1.0)}  # out -> (C, every torch kernel)
+    monkeypatch.setattr(matmul_choice, "_time", lambda k, x, w, bias: cost[w.shape[0]][
+        0 if k is matmul_choice._c else 1])
+    matmul_choice.choose_c_together([a, b])  # 2.1 < 3.0: both, though b alone loses
+    assert matmul_choice._c_chosen == {(32, 16): True, (48, 16): True}
+    matmul_choice.choose_c_together([a, c])  # a is decided: c alone, 3.0 > 1.0
+    assert matmul_choice._c_chosen[(64, 16)] is False
+    monkeypatch.setattr(matmul_choice, "_c_chosen", {})
+    matmul_choice.choose_c_together([a, b, c])  # 5.1 > 4.0: none
+    assert not any(matmul_choice._c_chosen.values()) and len(matmul_choice._c_chosen) == 3
+    monkeypatch.setattr(matmul_choice, "_forced", ["blas"])
+    monkeypatch.setattr(matmul_choice, "_c_chosen", {})
+    matmul_choice.choose_c_together([a, b])  # a fixed mode times nothing
+    assert matmul_choice._c_chosen == {}
+
+
+def test_timings_see_the_weight_come_from_memory(fused, monkeypatch):
+    """Each timed call follows an eviction of its weight (a hot weight in L2 favours BLAS's
+    kernels, which is not the race a model larger than the caches runs)."""
+    events = []
+    monkeypatch.setattr(cpu_kernels, "evict", lambda t: events.append(("evict", t)) or True)
+    w, x = torch.randn(32, 16), torch.randn(1, 16)
+    matmul_choice._time(lambda *a: events.append(("call",)), x, w, None)
+    assert events[0] == ("call",)  # the warm-up
+    timed = events[1:]
+    assert len(timed) >= 6 and all(e[0] == "evict" and e[1] is w for e in timed[::2])
+    assert all(e == ("call",) for e in timed[1::2])
+
+
+def test_evict_leaves_the_data_intact(fused):
+    t = torch.randn(1000, 33)
+    want = t.clone()
+    if platform.machine() in ("x86_64", "aarch64"):
+        assert cpu_kernels.evict(t) and cpu_kernels.evict(t[3:])  # any alignment
+    assert torch.equal(t, want)
 
 
 def test_mode_c_forces_the_kernel_and_stays_lossless(tiny_dirs, prompts, native_library,
