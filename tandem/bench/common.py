@@ -59,6 +59,12 @@ def machine() -> dict[str, Any]:
     return {"cpu": cpu_name(), "cpus": os.cpu_count(), "threads": torch.get_num_threads(),
             "python": platform.python_version(), "torch": torch.__version__,
             "cpu_matmul": os.environ.get("TANDEM_CPU_MATMUL", "auto"),
+            # the instruction sets that ran: torch's own kernels, and ours (TANDEM_CPU_MARCH);
+            # MKL's and oneDNN's limits where set (benchmarks/run_issue12.sh --isa avx2)
+            "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "cpu_march": os.environ.get("TANDEM_CPU_MARCH", "native"),
+            **{k.lower(): os.environ[k] for k in ("MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA")
+               if k in os.environ},
             # after the run: whether the fused C kernels ran ("c") or torch ops did
             "cpu_kernels": "c" if cpu_kernels.enabled() else "torch",
             "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
