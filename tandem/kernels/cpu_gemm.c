@@ -92,12 +92,36 @@ int tandem_linear(const float *x, const float *w, const float *bias, float *y, i
     return 0;
 }
 
-/* Evicts [p, p + bytes) from every cache level (x86 clflush, Arm dc civac): the start-up timing
- * of layers/matmul_choice.py times a matmul with its weight in memory, as a model larger than
- * the caches streams each weight every step. Returns -1 (nothing done) on other machines. */
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+
+/* clflushopt where the CPU has it (CPUID.7.0:EBX bit 23), whatever the build's target:
+ * clflush serializes each line, 50x slower on the AMX Xeon (300 vs 6 ms for 113 MB). */
+__attribute__((target("clflushopt"))) static void flush_lines_opt(const char *c,
+                                                                   const char *end) {
+    for (; c < end; c += 64) __builtin_ia32_clflushopt(c);
+    __builtin_ia32_mfence();
+}
+
+static int has_clflushopt(void) {
+    unsigned a, b, c, d;
+    return __get_cpuid_count(7, 0, &a, &b, &c, &d) && (b >> 23 & 1);
+}
+#endif
+
+/* Evicts [p, p + bytes) from every cache level (x86 clflushopt or clflush, Arm dc civac): the
+ * start-up timing of layers/matmul_choice.py times a matmul with its weight in memory, as a
+ * model larger than the caches streams each weight every step. Returns -1 (nothing done) on
+ * other machines. */
 int tandem_evict(const void *p, int64_t bytes) {
     const char *c = (const char *)((uintptr_t)p & ~(uintptr_t)63), *end = (const char *)p + bytes;
 #if defined(__x86_64__) || defined(__i386__)
+    static int opt = -1;
+    if (opt < 0) opt = has_clflushopt();
+    if (opt) {
+        flush_lines_opt(c, end);
+        return 0;
+    }
     for (; c < end; c += 64) __builtin_ia32_clflush(c);
     __builtin_ia32_mfence();
     return 0;
