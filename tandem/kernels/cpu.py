@@ -34,6 +34,9 @@ def configure(device: torch.device) -> None:
     validated first)."""
     mode, march = cpu_kernels_mode(), cpu_march()
     if mode == "torch":
+        if march != "native":
+            logger.warning("TANDEM_CPU_MARCH=%s has no effect: TANDEM_CPU_KERNELS=torch builds "
+                           "no kernels", march)
         _state["lib"] = None
         return
     if device.type != "cpu" or _state["lib"] is not None:

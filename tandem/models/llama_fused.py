@@ -108,11 +108,12 @@ def fused_stack(model: LlamaModel, x: torch.Tensor, rope: Rope) -> Optional[torc
     if len(groups) != 1 or not groups[0].small or groups[0].requests is None:
         return None
     plan = model.__dict__.get("_fused_plan", False)
-    if plan is False:
+    if plan is False:  # once per model: the plan, and the matmul for its shapes, decided as one
         plan = model.__dict__["_fused_plan"] = _plan(model)
+        if plan is not None:
+            matmul_choice.choose_c_together(plan.weights)
     if plan is None:
         return None
-    matmul_choice.choose_c_together(plan.weights)
     if any(matmul_choice.kernel_for(x, w, None) is not matmul_choice._c for w in plan.weights):
         return None
     table = _table(model, plan)

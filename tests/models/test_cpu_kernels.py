@@ -225,11 +225,17 @@ def test_without_a_compiler_auto_falls_back_and_c_refuses(tiny_dirs, prompts, mo
         LLM(tiny_dirs["llama"])
 
 
-def test_cpu_march_is_validated_and_refused_by_name(tiny_dirs, monkeypatch):
+def test_cpu_march_is_validated_and_refused_by_name(tiny_dirs, monkeypatch, caplog):
     monkeypatch.setitem(cpu_kernels._state, "lib", None)
     monkeypatch.setenv("TANDEM_CPU_MARCH", "-O0 -g")
     with pytest.raises(ValueError, match=r"TANDEM_CPU_MARCH='-O0 -g' is not a compiler target"):
         LLM(tiny_dirs["llama"])
+    monkeypatch.setenv("TANDEM_CPU_MARCH", "haswell")
+    monkeypatch.setenv("TANDEM_CPU_KERNELS", "torch")
+    with caplog.at_level("WARNING", logger="tandem"):
+        cpu_kernels.configure(torch.device("cpu"))  # not silently ignored: said so
+    assert "TANDEM_CPU_MARCH=haswell has no effect" in caplog.text and not cpu_kernels.enabled()
+    monkeypatch.delenv("TANDEM_CPU_KERNELS")
     if cpu_build._compiler() is None or platform.machine() != "x86_64":
         pytest.skip("needs an x86 C compiler")
     monkeypatch.setenv("TANDEM_CPU_MARCH", "pentium-9000")
