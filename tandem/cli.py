@@ -7,6 +7,7 @@ and argument errors answer at once.
 from __future__ import annotations
 
 import logging
+import os
 import socket
 import sys
 import time
@@ -40,10 +41,17 @@ def _setup_logging() -> None:
 
 
 def bind_socket(host: Optional[str], port: int) -> socket.socket:
-    """The listening socket, bound now so a port in use is reported before models load."""
+    """The listening socket, bound now so a port in use is reported before models load.
+
+    Made with proto=IPPROTO_TCP, not 0: asyncio turns Nagle's algorithm off (TCP_NODELAY) only on
+    connections whose socket says it is TCP, and an accepted socket inherits the listener's proto.
+    Left on, Nagle held every response body behind its headers until the client's delayed ACK,
+    40 ms on Linux, on each keep-alive request after the first. TCP_NODELAY is also set here,
+    which Linux passes on to accepted connections."""
     family = socket.AF_INET6 if host and ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     try:
         sock.bind((host or "0.0.0.0", port))
     except OSError as e:
@@ -55,7 +63,17 @@ def bind_socket(host: Optional[str], port: int) -> socket.socket:
     return sock
 
 
+# The engine's OpenMP threads (torch's pool, which our kernels share) otherwise spin for a while
+# after each parallel region, on the cores the event loop and the engine thread need. On 2 cores
+# /health and /metrics then took up to 180 ms to answer while 16 streams ran (under 100 ms with
+# passive waits), and serving SmolLM2 produced 1.04-1.48x the tokens/s with passive waits, at 1
+# and at 16 streams (three runs each, docs/performance.md). libgomp reads this when torch loads, so
+# it is set before; a value the user set is kept.
+SERVE_OMP_WAIT_POLICY = "PASSIVE"
+
+
 def serve(argv: Sequence[str], launch_time: float) -> None:
+    os.environ.setdefault("OMP_WAIT_POLICY", SERVE_OMP_WAIT_POLICY)
     if any(a in ("-h", "--help") for a in argv):
         make_serve_parser().print_help()
         return

@@ -3,6 +3,9 @@ a real engine (for fault injection), and the figures the suite reports in pytest
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -42,32 +45,48 @@ def wait_idle(url: str, total_blocks: int, timeout: float = 20.0) -> None:
         time.sleep(0.05)
 
 
+# The probe runs in a process of its own, with nothing but httpx loaded: polled from the test's
+# process, its timings also held the waits for that process's GIL (16 threads reading streams)
+# and its full garbage collections (pytest, torch and transformers loaded), which are the test's
+# and not the server's.
+_PROBE = """
+import json, sys, threading, time, httpx
+url, interval = sys.argv[1], float(sys.argv[2])
+stop = threading.Event()
+threading.Thread(target=lambda: (sys.stdin.read(), stop.set()), daemon=True).start()
+latencies, statuses = [], []
+with httpx.Client(timeout=30) as client:
+    client.get(url)  # the connection is made before timing starts
+    print("ready", flush=True)
+    while not stop.is_set():
+        t0 = time.perf_counter()
+        r = client.get(url)
+        latencies.append(time.perf_counter() - t0)
+        statuses.append(r.status_code)
+        time.sleep(interval)
+print(json.dumps([latencies, statuses]), flush=True)
+"""
+
+
 class LatencyProbe:
-    """Polls GET `path` every `interval` seconds on a thread; `worst` is the slowest answer."""
+    """Polls GET `path` every `interval` seconds, from its own process, between `__enter__` (which
+    returns once the probe is connected) and `__exit__`; `worst` is the slowest answer."""
 
     def __init__(self, url: str, path: str, interval: float = 0.02) -> None:
-        self.url, self.path, self.interval = url, path, interval
         self.latencies: list[float] = []
         self.statuses: list[int] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        with httpx.Client(timeout=30) as client:
-            while not self._stop.is_set():
-                t0 = time.perf_counter()
-                r = client.get(self.url + self.path)
-                self.latencies.append(time.perf_counter() - t0)
-                self.statuses.append(r.status_code)
-                time.sleep(self.interval)
+        self._proc = subprocess.Popen([sys.executable, "-c", _PROBE, url + path, str(interval)],
+                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
 
     def __enter__(self) -> LatencyProbe:
-        self._thread.start()
+        assert self._proc.stdout is not None
+        line = self._proc.stdout.readline()
+        assert line.strip() == "ready", f"the latency probe did not start: {line!r}"
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        self._stop.set()
-        self._thread.join(30)
+        out, _ = self._proc.communicate(input="", timeout=60)
+        self.latencies, self.statuses = json.loads(out.strip().splitlines()[-1])
 
     @property
     def worst(self) -> float:

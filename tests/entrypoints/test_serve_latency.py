@@ -1,0 +1,56 @@
+"""What the server adds to every answer's latency: Nagle's algorithm on its sockets, and the
+engine's OpenMP threads spinning on the cores the event loop needs."""
+
+from __future__ import annotations
+
+import socket
+import statistics
+import time
+
+import httpx
+import pytest
+
+from entrypoints.server_helpers import ServerProcess
+from tandem import cli
+
+
+def test_accepted_connections_have_nagle_off() -> None:
+    """asyncio sets TCP_NODELAY only where the socket's proto says TCP; a listener made with
+    proto 0 passed 0 on to every connection, and Nagle stayed on."""
+    listener = cli.bind_socket("127.0.0.1", 0)
+    client = socket.create_connection(listener.getsockname())
+    conn, _ = listener.accept()
+    try:
+        assert conn.proto == socket.IPPROTO_TCP
+        assert conn.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+    finally:
+        for s in (conn, client, listener):
+            s.close()
+
+
+def test_keep_alive_answers_are_not_held_for_a_delayed_ack(server: ServerProcess) -> None:
+    """With Nagle on, each answer after a connection's first held its body back behind the
+    headers until the client's delayed ACK: 44 ms for every /v1/models, against 1-2 ms now."""
+    with httpx.Client(base_url=server.url, timeout=10) as client:
+        client.get("/v1/models")
+        took = []
+        for _ in range(7):
+            t0 = time.perf_counter()
+            assert client.get("/v1/models").status_code == 200
+            took.append(time.perf_counter() - t0)
+    assert statistics.median(took) < 0.02, [round(t * 1000) for t in took]
+
+
+@pytest.mark.parametrize("given, kept", [(None, "PASSIVE"), ("ACTIVE", "ACTIVE")])
+def test_serve_makes_openmp_threads_wait_passively(monkeypatch: pytest.MonkeyPatch,
+                                                   capsys: pytest.CaptureFixture,
+                                                   given: str, kept: str) -> None:
+    """Set before torch loads (argument errors never import it: test_vllm_parity_flags); a
+    user's own value stays."""
+    if given is None:
+        monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    else:
+        monkeypatch.setenv("OMP_WAIT_POLICY", given)
+    cli.serve(["--help"], time.perf_counter())
+    assert "usage" in capsys.readouterr().out.lower()
+    assert cli.os.environ["OMP_WAIT_POLICY"] == kept
