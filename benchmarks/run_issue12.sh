@@ -28,6 +28,12 @@ case "${1:-}" in
 esac
 W=${TMPDIR:-/tmp}/tandem-bench
 mkdir -p "$R" "$W"
+# The cores' multiply-add ceiling, which a 16-row step bound by arithmetic is measured against.
+WIDTHS=256
+[ -z "${TANDEM_CPU_MARCH:-}" ] && grep -qw avx512f /proc/cpuinfo && WIDTHS="256 512"
+if grep -qw fma /proc/cpuinfo && cc -O2 -fopenmp benchmarks/fma_peak.c -o "$W/fma_peak"; then
+  "$W/fma_peak" $WIDTHS | tee $R/fma_peak.jsonl
+fi
 .venv/bin/python - "$W" <<'PY'
 import sys
 from pathlib import Path
