@@ -3,9 +3,9 @@ running it under uvicorn.
 
 /metrics renders the engine's last published snapshot in a worker thread of its own, so it answers
 at once however busy the engine is and never queues behind a burst's tokenization and template
-work in asyncio's shared pool. On SIGTERM (or Ctrl-C) the server stops admitting (503), lets requests
-in flight finish for up to --shutdown-timeout seconds, aborts the rest (freeing their KV blocks),
-stops the engine and exits 0; if the engine loop ever dies, it exits with status 1.
+work in asyncio's shared pool. On SIGTERM (or Ctrl-C) the server stops admitting (503), lets
+requests in flight finish for up to --shutdown-timeout seconds, aborts the rest (freeing their KV
+blocks), stops the engine and exits 0; if the engine loop ever dies, it exits with status 1.
 """
 
 from __future__ import annotations
