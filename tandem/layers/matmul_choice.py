@@ -90,6 +90,11 @@ def cpu_matmul_mode() -> str:
     return mode
 
 
+def _mode() -> str:
+    """The mode of the last model load ("auto" before any)."""
+    return _forced[0] if _forced else "auto"
+
+
 def native_bf16() -> bool:
     """The CPU multiplies bfloat16 natively (AVX512-BF16 or AMX-BF16 in /proc/cpuinfo)."""
     return bool({"avx512_bf16", "amx_bf16"} & cpu_flags())
@@ -149,7 +154,7 @@ def choose_c_together(weights: list[torch.Tensor]) -> None:
     """Decides the C kernel for these weights' shapes as one (those not decided yet): a fused
     decoder stack (models/llama_fused.py) runs only where it multiplies every one of them, so a
     shape it loses by a few percent alone must not turn off a stack that wins as a whole."""
-    if (_forced[0] if _forced else "auto") != "auto" or not cpu_kernels.enabled():
+    if _mode() != "auto" or not cpu_kernels.enabled():
         return
     todo = {(w.shape[0], w.shape[1]): w for w in weights
             if w.shape[1] % 16 == 0 and (w.shape[0], w.shape[1]) not in _c_chosen}
@@ -160,7 +165,7 @@ def choose_c_together(weights: list[torch.Tensor]) -> None:
 
 def kernel_for(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> Kernel:
     """The kernel for a [rows, in] float32 CPU input against `weight` [out, in]."""
-    forced = _forced[0] if _forced else "auto"
+    forced = _mode()
     if forced in KERNELS:
         return KERNELS[forced]
     if x.shape[0] <= C_MAX_ROWS and weight.shape[1] % 16 == 0 and cpu_kernels.enabled():
