@@ -20,6 +20,9 @@ class Drafting:
         self.k_max = proposer.k
         self.adaptive: Optional[AdaptiveK] = AdaptiveK(proposer.k) if adaptive else None
         self.fail = fail
+        # Whether the last target step was decode/verify only. After a prefill the draft, too,
+        # runs over a prompt, and neither cost says what drafting k tokens costs.
+        self._decoding = False
 
     def catch_up(self, running: list[Request]) -> int:
         """When every runnable request waits for drafts: let the draft run alone."""
@@ -36,11 +39,14 @@ class Drafting:
             return
         self.proposer.k = k
         t0 = time.perf_counter()
-        propose_isolated(self.proposer, running, self.fail)
-        self.adaptive.observe_draft(len(running), k, time.perf_counter() - t0)
+        computed = propose_isolated(self.proposer, running, self.fail)
+        if self._decoding and computed > 0:
+            self.adaptive.observe_draft(len(running), k, time.perf_counter() - t0)
 
     def observe_target(self, sched: SchedulerOutput, seconds: float) -> None:
-        if self.adaptive is not None:
+        self._decoding = all(s.num_new_tokens == 1 + len(s.spec_token_ids)
+                             for s in sched.scheduled)
+        if self.adaptive is not None and self._decoding:
             self.adaptive.observe_target(sum(s.num_new_tokens for s in sched.scheduled),
                                          seconds)
 
