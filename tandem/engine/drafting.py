@@ -44,9 +44,11 @@ class Drafting:
             self.adaptive.observe_draft(len(running), k, time.perf_counter() - t0)
 
     def observe_target(self, sched: SchedulerOutput, seconds: float) -> None:
+        if self.adaptive is None:
+            return
         self._decoding = all(s.num_new_tokens == 1 + len(s.spec_token_ids)
                              for s in sched.scheduled)
-        if self.adaptive is not None and self._decoding:
+        if self._decoding:
             self.adaptive.observe_target(sum(s.num_new_tokens for s in sched.scheduled),
                                          seconds)
 
