@@ -143,10 +143,12 @@ class AdaptiveK:
             total += p
         return total
 
-    def cost(self, k: int, batch_size: int) -> float:
+    def costs(self, batch_size: int) -> list[float]:
+        """C(k) for k = 0..K at this batch size: one target line and one draft cost for all."""
         a, b = self.target.fit(batch_size, batch_size * (self.k_max + 1))
-        c = max(1e-6, a + b * batch_size * (k + 1))
-        return c + k * self.draft(batch_size) if k > 0 else c
+        draft = self.draft(batch_size)
+        return [max(1e-6, a + b * batch_size * (k + 1)) + k * draft
+                for k in range(self.k_max + 1)]
 
     # ---- the choice ------------------------------------------------------------------------
 
@@ -162,6 +164,7 @@ class AdaptiveK:
         self.hits = [f * h for h in self.hits]
         self.misses = [f * m for m in self.misses]
         drawn = [self.rng.betavariate(a, b) for a, b in self._posteriors()]
-        self.last_k = max(range(self.k_max + 1), key=lambda k: self.expected_tokens(k, drawn)
-                          / self.cost(k, batch_size))
+        costs = self.costs(batch_size)
+        self.last_k = max(range(self.k_max + 1),
+                          key=lambda k: self.expected_tokens(k, drawn) / costs[k])
         return self.last_k
