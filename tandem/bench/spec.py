@@ -6,11 +6,15 @@ standard model's prediction E(k) / (k c + 1), where E(k) = 1 + sum_i P(position 
 the expected tokens per verify step and c the draft/target cost ratio (their plain decode times
 per token, measured here). `--adaptive` adds a run with adaptive speculation (k chosen per step,
 up to the largest k). The plot: acceptance by position, and measured vs predicted speedup vs k.
-`--rounds R` measures every configuration (plain ones included) R times, interleaved, and the
-target alone again at the end of each round; each speedup is then the median over rounds of the
-ratio to that round's plain rate (the mean of its opening and closing runs), so a shared
-machine's drift over minutes (the same command here varied by ±25%) cancels within each pair
-instead of favouring whichever run caught a quiet moment.
+
+Every policy (plain decoding, each k, adaptive) runs on one engine, switched between runs
+(`Drafting.set_policy`; plain is drafting off). Run as separate engines, the same configuration
+differed by up to 15% between processes on a shared machine, more than the differences being
+measured (a fixed k and adaptive came out 0.76x in one such run and 0.98x when paired in one
+process). `--rounds R` measures every policy R times, with plain decoding at the start and end of
+each round; each speedup is the median over rounds of the ratio to that round's plain rate (the
+mean of its two runs), so drift over minutes cancels within a round. The draft/target cost ratio
+c comes from an engine of each model alone, once per round.
 """
 
 from __future__ import annotations
@@ -39,9 +43,7 @@ def _decode_rate(llm: Any, prompts: list[str], params: Any
                  ) -> tuple[float, list[float], float]:
     """Single-stream tokens/s, and (from the counters of the timed runs only) acceptance by
     position and mean acceptance length."""
-    from tandem import SamplingParams
     engine = llm.llm_engine
-    run_one(engine, prompts[0], SamplingParams(max_tokens=4, temperature=0), "warmup")
     drafts0, accepted0, per_pos0 = _counters(llm)
     runs = [run_one(engine, p, params, f"r{i}") for i, p in enumerate(prompts)]
     drafts, accepted, per_pos = _counters(llm)
@@ -58,34 +60,51 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
     spec = json.loads(args.speculative_config)
     if not isinstance(spec, dict) or "model" not in spec:
         raise SystemExit("tandem bench spec needs --speculative-config with a draft 'model'")
+    if "adaptive" in spec or "num_speculative_tokens" in spec:
+        raise SystemExit("tandem bench spec varies num_speculative_tokens (--k) and adaptive "
+                         "(--adaptive) itself; leave them out of --speculative-config")
     prompts = load_prompts(args.prompts, args.num_prompts)
     params = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens,
                             ignore_eos=True, seed=args.seed)
+    warmup = SamplingParams(max_tokens=4, temperature=0)
 
-    def rate(model: str, speculative: Any) -> tuple[float, list[float], float]:
+    def alone(model: str) -> float:
+        """Plain tokens/s of an engine of this model alone (for c, and to check plain decoding)."""
         saved, args.model = args.model, model
-        llm = make_llm(args, speculative)
+        llm = make_llm(args, None)
         args.model = saved
-        measured = _decode_rate(llm, prompts, params)
+        run_one(llm.llm_engine, prompts[0], warmup, "warmup")
+        rate = _decode_rate(llm, prompts, params)[0]
         del llm
         gc.collect()
-        return measured
+        return rate
 
-    variants = [(k, False) for k in args.k] + ([(max(args.k), True)] if args.adaptive else [])
-    configs: list[tuple[str, Any]] = [(args.model, None), (spec["model"], None)] + [
-        (args.model, {**spec, "num_speculative_tokens": k, **({"adaptive": True} if a else {})})
-        for k, a in variants]
+    # Every policy runs on one engine, switched between runs (plain = no drafting at all).
+    k_max = max(args.k)
+    llm = make_llm(args, {**spec, "num_speculative_tokens": k_max})
+    drafting = llm.llm_engine.drafting
+    run_one(llm.llm_engine, prompts[0], warmup, "warmup")
+    variants = [(k, False) for k in args.k] + ([(k_max, True)] if args.adaptive else [])
+
+    def policy(k: int, adaptive: bool) -> tuple[float, list[float], float]:
+        drafting.set_policy(k, adaptive)
+        rate, per_pos, length = _decode_rate(llm, prompts, params)
+        return rate, per_pos[:k], length
+
     rounds: list[list[tuple[float, list[float], float]]] = []
-    plain: list[float] = []  # per round: the target alone, mean of its runs before and after
+    plain: list[float] = []  # per round: no drafting, the mean of its runs before and after
+    target_alone: list[float] = []
+    draft_alone: list[float] = []
     for _ in range(args.rounds):
-        rounds.append([rate(model, speculative) for model, speculative in configs])
-        plain.append((rounds[-1][0][0] + rate(args.model, None)[0]) / 2 if args.rounds > 1
-                     else rounds[-1][0][0])
+        before = policy(0, False)[0]
+        rounds.append([policy(k, a) for k, a in variants])
+        plain.append((before + policy(0, False)[0]) / 2)
+        target_alone.append(alone(args.model))
+        draft_alone.append(alone(spec["model"]))
     target_rate = statistics.median(plain)
-    draft_rate = statistics.median(r[1][0] for r in rounds)
-    c = statistics.median(p / r[1][0] for p, r in zip(plain, rounds))
+    c = statistics.median(t / d for t, d in zip(target_alone, draft_alone))
     runs = []
-    for i, (k, adaptive) in enumerate(variants, start=2):
+    for i, (k, adaptive) in enumerate(variants):
         ratios = [r[i][0] / p for p, r in zip(plain, rounds)]
         tok_s, per_pos, length = statistics.median(r[i][0] for r in rounds), *rounds[0][i][1:]
         predicted = (1 + sum(per_pos)) / (k * c + 1)
@@ -98,11 +117,15 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
               f"{length:.2f}, speedup {statistics.median(ratios):.2f}x measured"
               + (f" (rounds: {', '.join(f'{x:.2f}' for x in ratios)})" if len(ratios) > 1 else "")
               + ("" if adaptive else f", {predicted:.2f}x predicted"))
+    print(f"plain decoding: {target_rate:.1f} tok/s on the speculative engine with drafting off, "
+          f"{statistics.median(target_alone):.1f} tok/s on an engine of the target alone")
     result = {"benchmark": "spec", "model": args.model, "draft": spec["model"],
               "speculative_config": spec, "num_prompts": len(prompts),
               "max_tokens": args.max_tokens, "temperature": args.temperature,
               "rounds": args.rounds, "target_tokens_per_s": target_rate,
-              "draft_tokens_per_s": draft_rate, "cost_ratio_c": c, "runs": runs}
+              "target_alone_tokens_per_s": statistics.median(target_alone),
+              "draft_tokens_per_s": statistics.median(draft_alone), "cost_ratio_c": c,
+              "runs": runs}
     if args.plot:
         _plot(result, args.plot)
         result["plot"] = args.plot

@@ -24,13 +24,32 @@ class Drafting:
         # runs over a prompt, and neither cost says what drafting k tokens costs.
         self._decoding = False
 
+    def set_policy(self, k: int, adaptive: bool = False) -> None:
+        """From the next step on: draft k tokens per step (k = 0: no drafting at all, plain
+        decoding), or with `adaptive`, let a fresh controller choose 0..k each step. For `tandem
+        bench spec`, which compares policies on one engine: on a shared machine, separate
+        processes running the same configuration differed in speed by more than the policies
+        being compared. Requests in flight keep their state; every step stays lossless."""
+        if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= self.k_max:
+            raise ValueError(f"k must be an integer from 0 to num_speculative_tokens "
+                             f"({self.k_max}), got {k!r}")
+        if adaptive and k == 0:
+            raise ValueError("adaptive speculation needs k >= 1")
+        self.proposer.k = k
+        self.adaptive = AdaptiveK(k) if adaptive else None
+        self._decoding = False
+
     def catch_up(self, running: list[Request]) -> int:
         """When every runnable request waits for drafts: let the draft run alone."""
         return propose_isolated(self.proposer, running, self.fail)
 
     def after_step(self, running: list[Request]) -> None:
         if self.adaptive is None:
-            propose_isolated(self.proposer, running, self.fail)
+            if self.proposer.k > 0:
+                propose_isolated(self.proposer, running, self.fail)
+            else:
+                for req in running:
+                    req.awaiting_drafts = False
             return
         k = self.adaptive.choose(len(running))
         if k == 0:  # plain decoding pays more now: skip the draft entirely this step

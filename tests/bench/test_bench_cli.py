@@ -62,8 +62,15 @@ def test_spec_reports_acceptance_by_position_and_plots(tiny_llama: str, tmp_path
     # a self-draft: every position accepted, acceptance length k + 1
     assert runs[(3, False)]["acceptance_by_position"] == pytest.approx([1.0, 1.0, 1.0])
     assert runs[(3, False)]["mean_acceptance_length"] == pytest.approx(4.0)
+    assert runs[(1, False)]["acceptance_by_position"] == pytest.approx([1.0])
+    assert result["target_tokens_per_s"] > 0 and result["target_alone_tokens_per_s"] > 0
     assert result["cost_ratio_c"] > 0 and runs[(1, False)]["speedup_predicted"] > 0
     assert (tmp_path / "spec.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # k and adaptive are what the benchmark varies: set in the config, they would be overridden
+    r = subprocess.run([sys.executable, "-m", "tandem", "bench", "spec", "--model", tiny_llama,
+                        "-sc", json.dumps({"model": tiny_llama, "num_speculative_tokens": 2})],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and "leave them out of --speculative-config" in r.stderr
 
 
 def test_prompts_from_jsonl_and_text(tmp_path: Path) -> None:

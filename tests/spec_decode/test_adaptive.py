@@ -188,3 +188,30 @@ def test_adaptive_must_be_a_bool(tiny_llama):
         LLM(model=tiny_llama, speculative_config={"model": tiny_llama,
                                                   "num_speculative_tokens": 2,
                                                   "adaptive": "yes"})
+
+
+def test_set_policy_switches_drafting_on_one_engine_and_stays_lossless(tiny_dirs, prompts):
+    target = tiny_dirs["llama"]
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    plain = [o.outputs[0].token_ids for o in
+             LLM(model=target).generate(prompts[:2], params, use_tqdm=False)]
+    llm = LLM(model=target, speculative_config={"model": target, "num_speculative_tokens": 3})
+    engine = llm.llm_engine
+    passes = []
+    forward = engine.proposer.forward
+    engine.proposer.forward = lambda *a: passes.append(1) or forward(*a)
+    for k, adaptive in [(0, False), (2, False), (3, True), (0, False), (3, False)]:
+        engine.drafting.set_policy(k, adaptive)
+        del passes[:]
+        drafts0 = engine.spec_metrics.num_drafts
+        out = llm.generate(prompts[:2], params, use_tqdm=False)
+        assert [o.outputs[0].token_ids for o in out] == plain, (k, adaptive)
+        drafted = engine.spec_metrics.num_drafts - drafts0
+        assert (not passes and drafted == 0) if k == 0 else (passes and drafted > 0)
+        assert (engine.drafting.adaptive is not None) == adaptive
+    for bad in (-1, 4, 1.5, True):
+        with pytest.raises(ValueError, match=r"k must be an integer from 0 to "
+                                             r"num_speculative_tokens \(3\)"):
+            engine.drafting.set_policy(bad)
+    with pytest.raises(ValueError, match="adaptive speculation needs k >= 1"):
+        engine.drafting.set_policy(0, adaptive=True)
