@@ -1,6 +1,7 @@
 """`tandem bench spec`: what speculation buys, over a range of k, single stream.
 
-For each k: acceptance by draft position (P(position i accepted), from the engine's counters),
+For each k: acceptance by draft position (P(position i accepted), from the engine's counters;
+for adaptive, the share of drafting steps that had position i accepted, drafted or not),
 mean acceptance length, and the measured speedup over plain decoding of the target, against the
 standard model's prediction E(k) / (k c + 1), where E(k) = 1 + sum_i P(position i accepted) is
 the expected tokens per verify step and c the draft/target cost ratio (their plain decode times
