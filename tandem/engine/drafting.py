@@ -44,17 +44,13 @@ class Drafting:
         return propose_isolated(self.proposer, running, self.fail)
 
     def after_step(self, running: list[Request]) -> None:
-        if self.adaptive is None:
-            if self.proposer.k > 0:
-                propose_isolated(self.proposer, running, self.fail)
-            else:
-                for req in running:
-                    req.awaiting_drafts = False
-            return
-        k = self.adaptive.choose(len(running))
-        if k == 0:  # plain decoding pays more now: skip the draft entirely this step
+        k = self.proposer.k if self.adaptive is None else self.adaptive.choose(len(running))
+        if k == 0:  # drafting is off, or plain decoding pays more now: skip the draft entirely
             for req in running:
                 req.awaiting_drafts = False
+            return
+        if self.adaptive is None:
+            propose_isolated(self.proposer, running, self.fail)
             return
         self.proposer.k = k
         t0 = time.perf_counter()
