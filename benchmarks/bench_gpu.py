@@ -6,6 +6,10 @@ For batch sizes 1, 8 and 32: decode tokens/s without and with speculation, time 
 and the memory-bandwidth floor of a plain decode step (weights + KV read once, at the copy
 bandwidth measured here). Writes benchmarks/results/gpu.json. Needs torch with CUDA and
 transformers; no network. Run by benchmarks/gpu.sh.
+
+`--smoke` runs the same steps on the CPU with two tiny models of the same families, so that the
+script itself is exercised where no CUDA machine is at hand (tests/bench/test_bench_gpu.py); its
+numbers mean nothing.
 """
 
 from __future__ import annotations
@@ -29,14 +33,16 @@ QWEN3_8B = dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
 QWEN3_06B = dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
                  num_attention_heads=16, num_key_value_heads=8, head_dim=128,
                  tie_word_embeddings=True)
+TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=16)
 
 
-def write_config(out: Path, shape: dict) -> str:
+def write_config(out: Path, shape: dict, vocab_size: int = 151936) -> str:
     from transformers import Qwen3Config
 
     from tiny_models import build_bytelevel_tokenizer
     out.mkdir(parents=True, exist_ok=True)
-    cfg = Qwen3Config(vocab_size=151936, max_position_embeddings=4096, rms_norm_eps=1e-6,
+    cfg = Qwen3Config(vocab_size=vocab_size, max_position_embeddings=4096, rms_norm_eps=1e-6,
                       rope_theta=1000000.0, architectures=["Qwen3ForCausalLM"],
                       bos_token_id=1, eos_token_id=2, dtype="bfloat16", **shape)
     cfg.save_pretrained(out)
@@ -44,20 +50,25 @@ def write_config(out: Path, shape: dict) -> str:
     return str(out)
 
 
-def copy_bandwidth() -> float:
-    """Bytes per second of a device-to-device copy (read + write) of 2 GiB."""
-    a = torch.empty(1 << 30, dtype=torch.bfloat16, device="cuda")
+def sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def copy_bandwidth(device: str, numel: int = 1 << 30) -> float:
+    """Bytes per second of a copy (read + write) of `numel` bf16 values (2 GiB) on `device`."""
+    a = torch.empty(numel, dtype=torch.bfloat16, device=device)
     b = torch.empty_like(a)
     b.copy_(a)
-    torch.cuda.synchronize()
+    sync(device)
     t0 = time.perf_counter()
     for _ in range(10):
         b.copy_(a)
-    torch.cuda.synchronize()
+    sync(device)
     return 10 * 2 * a.numel() * a.element_size() / (time.perf_counter() - t0)
 
 
-def decode(llm, batch: int, prompt_len: int, tokens: int) -> dict:
+def decode(llm, batch: int, prompt_len: int, tokens: int, device: str) -> dict:
     from tandem import SamplingParams
     engine = llm.llm_engine
     params = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True)
@@ -65,12 +76,12 @@ def decode(llm, batch: int, prompt_len: int, tokens: int) -> dict:
         engine.add_request(f"b{batch}-{i}-{time.monotonic_ns()}",
                            [(7 * i + j) % 1000 + 10 for j in range(prompt_len)], params)
     engine.step()  # prefill (and the first tokens)
-    torch.cuda.synchronize()
+    sync(device)
     steps, t0 = 0, time.perf_counter()
     while engine.has_unfinished_requests():
         engine.step()
         steps += 1
-    torch.cuda.synchronize()
+    sync(device)
     seconds = time.perf_counter() - t0
     generated = batch * (tokens - 1)
     return {"tokens_per_s": generated / seconds, "steps": steps,
@@ -85,51 +96,58 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=4)
     ap.add_argument("--acceptance", type=float, default=0.8,
                    help="synthetic conditional acceptance per position")
+    ap.add_argument("--smoke", action="store_true",
+                    help="tiny models on the CPU: checks the script, measures nothing")
+    ap.add_argument("--output", type=Path, default=ROOT / "benchmarks" / "results" / "gpu.json")
     args = ap.parse_args()
-    if not torch.cuda.is_available():
-        raise SystemExit("bench_gpu.py needs a CUDA device")
+    device = "cpu" if args.smoke else "cuda"
+    if not args.smoke and not torch.cuda.is_available():
+        raise SystemExit("bench_gpu.py needs a CUDA device (or --smoke)")
     from tandem import LLM
 
     work = Path(tempfile.mkdtemp(prefix="tandem-gpu-"))
-    target = write_config(work / "qwen3-8b-shaped", QWEN3_8B)
-    draft = write_config(work / "qwen3-0.6b-shaped", QWEN3_06B)
-    bandwidth = copy_bandwidth()
+    shapes = (TINY, TINY) if args.smoke else (QWEN3_8B, QWEN3_06B)
+    vocab = 2048 if args.smoke else 151936
+    target = write_config(work / "qwen3-8b-shaped", shapes[0], vocab)
+    draft = write_config(work / "qwen3-0.6b-shaped", shapes[1], vocab)
+    bandwidth = copy_bandwidth(device, 1 << 22 if args.smoke else 1 << 30)
     rates = [args.acceptance ** (i + 1) for i in range(args.k)]
     common = dict(dtype="bfloat16", load_format="dummy", max_model_len=2048,
-                  enable_prefix_caching=False, gpu_memory_utilization=0.85)
-    results: dict = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
+                  enable_prefix_caching=False, gpu_memory_utilization=0.85, device=device)
+    name = torch.cuda.get_device_name(0) if device == "cuda" else "cpu (--smoke)"
+    results: dict = {"gpu": name, "torch": torch.__version__,
                      "copy_bandwidth_GBps": bandwidth / 1e9, "k": args.k,
                      "synthetic_acceptance_rates": rates, "runs": []}
     t0 = time.perf_counter()
     plain = LLM(model=target, **common)
     results["startup_s"] = time.perf_counter() - t0
     weight_bytes = sum(p.numel() * p.element_size()
-                       for p in plain.llm_engine.executor.models["target"].parameters()) \
-        if hasattr(plain.llm_engine.executor, "models") else None
-    kv_per_token = 2 * 36 * 8 * 128 * 2  # K and V, layers, KV heads, head dim, bf16
+                       for p in plain.llm_engine.executor.models["target"].parameters())
+    shape = shapes[0]  # K and V, layers, KV heads, head dim, bf16
+    kv_per_token = (2 * shape["num_hidden_layers"] * shape["num_key_value_heads"]
+                    * shape["head_dim"] * 2)
     for b in args.batches:
-        decode(plain, b, 16, 4)  # warm-up
-        run = {"batch": b, "plain": decode(plain, b, args.prompt_len, args.tokens)}
-        if weight_bytes:
-            kv = b * (args.prompt_len + args.tokens // 2) * kv_per_token
-            run["floor_ms_per_step"] = 1000 * (weight_bytes + kv) / (bandwidth / 2)
+        decode(plain, b, 16, 4, device)  # warm-up
+        run = {"batch": b, "plain": decode(plain, b, args.prompt_len, args.tokens, device)}
+        kv = b * (args.prompt_len + args.tokens // 2) * kv_per_token
+        run["floor_ms_per_step"] = 1000 * (weight_bytes + kv) / (bandwidth / 2)
         results["runs"].append(run)
     del plain
-    torch.cuda.empty_cache()
+    if device == "cuda":
+        torch.cuda.empty_cache()
     spec = LLM(model=target, speculative_config={
         "model": draft, "num_speculative_tokens": args.k, "rejection_sample_method": "synthetic",
         "synthetic_acceptance_rates": rates}, **common)
     for run in results["runs"]:
-        decode(spec, run["batch"], 16, 4)
-        run["speculative"] = decode(spec, run["batch"], args.prompt_len, args.tokens)
+        decode(spec, run["batch"], 16, 4, device)
+        run["speculative"] = decode(spec, run["batch"], args.prompt_len, args.tokens, device)
         run["speedup"] = run["speculative"]["tokens_per_s"] / run["plain"]["tokens_per_s"]
     for run in results["runs"]:
-        floor = run.get("floor_ms_per_step")
         print(f"batch {run['batch']:3d}: plain {run['plain']['tokens_per_s']:8.1f} tok/s "
-              f"({run['plain']['ms_per_step']:.2f} ms/step"
-              + (f", floor {floor:.2f} ms" if floor else "") + f"), speculative "
+              f"({run['plain']['ms_per_step']:.2f} ms/step, floor "
+              f"{run['floor_ms_per_step']:.2f} ms), speculative "
               f"{run['speculative']['tokens_per_s']:8.1f} tok/s, {run['speedup']:.2f}x")
-    out = ROOT / "benchmarks" / "results" / "gpu.json"
+    out = args.output
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2))
     print(f"saved {out}")
