@@ -105,7 +105,7 @@ def main() -> None:
         raise SystemExit("bench_gpu.py needs a CUDA device (or --smoke)")
     from tandem import LLM
 
-    work = Path(tempfile.mkdtemp(prefix="tandem-gpu-"))
+    work = Path(tempfile.mkdtemp(prefix="tandem-gpu-"))  # configs and tokenizers only: small
     shapes = (TINY, TINY) if args.smoke else (QWEN3_8B, QWEN3_06B)
     vocab = 2048 if args.smoke else 151936
     target = write_config(work / "qwen3-8b-shaped", shapes[0], vocab)
@@ -123,9 +123,9 @@ def main() -> None:
     results["startup_s"] = time.perf_counter() - t0
     weight_bytes = sum(p.numel() * p.element_size()
                        for p in plain.llm_engine.executor.models["target"].parameters())
-    shape = shapes[0]  # K and V, layers, KV heads, head dim, bf16
+    shape = shapes[0]
     kv_per_token = (2 * shape["num_hidden_layers"] * shape["num_key_value_heads"]
-                    * shape["head_dim"] * 2)
+                    * shape["head_dim"] * 2)  # K and V, layers, KV heads, head dim, bf16
     for b in args.batches:
         decode(plain, b, 16, 4, device)  # warm-up
         run = {"batch": b, "plain": decode(plain, b, args.prompt_len, args.tokens, device)}

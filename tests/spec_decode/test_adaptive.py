@@ -138,12 +138,10 @@ def test_a_timed_size_costs_what_it_measured_not_what_the_line_says() -> None:
 
 
 def _simulate(ad: Optional[AdaptiveK], k_fixed: int, rates: list[float], c: float,
-              seed: int, target_cost: Optional[dict[int, float]] = None, noise: float = 0.1
-              ) -> float:
+              seed: int, target_cost: dict[int, float], noise: float = 0.1) -> float:
     """Tokens per unit time of a simulated single stream: a target step over k + 1 tokens costs
     target_cost[k + 1] (times noise), k draft passes c each, acceptance i.i.d. at the step's
     rate."""
-    cost = _LINE if target_cost is None else target_cost
     rng = random.Random(seed)
     elapsed, tokens = 0.0, 0
     for rate in rates:
@@ -153,7 +151,7 @@ def _simulate(ad: Optional[AdaptiveK], k_fixed: int, rates: list[float], c: floa
             elapsed += draft
             if ad is not None:
                 ad.observe_draft(1, k, draft)
-        target = cost[k + 1] * (1 + rng.gauss(0, noise))
+        target = target_cost[k + 1] * (1 + rng.gauss(0, noise))
         elapsed += target
         accepted = _accepted(rng, rate, k)
         if ad is not None:
