@@ -7,13 +7,14 @@ names) into validated configs. Errors name the field and the allowed values.
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Optional, Union
 
 import torch
 
 from tandem.distributed.launch import Launch, launch_from
 from tandem.distributed.tp_check import check_tp_size
+from tandem.quantization import resolve_quantization
 from tandem.spec_decode.config import SpeculativeConfig
 
 _DTYPES = {
@@ -64,6 +65,7 @@ class ModelConfig:
     seed: int
     revision: Optional[str] = None
     load_format: str = "auto"        # "dummy": random weights (benchmarks), no weight files
+    quantization: Optional[str] = None  # weights kept quantized: gguf, q8_0, q4_0, q4_k (None: float)
 
     @property
     def architecture(self) -> str:
@@ -182,13 +184,7 @@ class ParallelConfig:
                       self.master_port)
 
 
-def _check_weights_and_cache(mc: ModelConfig, quantization: Optional[str], kv_cache_dtype: str,
-                             max_logprobs: int) -> None:
-    if quantization not in (None, "none", "gguf"):
-        raise ValueError(f"quantization={quantization!r} is not supported: tandem runs float "
-                         "weights (GGUF files are dequantized at load); use 'gguf' or none.")
-    if quantization == "gguf" and mc.gguf_file is None:
-        raise ValueError(f"quantization='gguf' needs a GGUF file, but {mc.model} is not one.")
+def _check_weights_and_cache(kv_cache_dtype: str, max_logprobs: int) -> None:
     if kv_cache_dtype != "auto":
         raise ValueError(f"kv_cache_dtype={kv_cache_dtype!r} is not supported: the KV cache "
                          "keeps the model's dtype; supported: ['auto'].")
@@ -246,7 +242,10 @@ class EngineConfig:
                                     master_port)
         model_config = ModelConfig.create(model, tokenizer, dtype, max_model_len, seed, revision,
                                           dev, load_format=load_format)
-        _check_weights_and_cache(model_config, quantization, kv_cache_dtype, max_logprobs)
+        _check_weights_and_cache(kv_cache_dtype, max_logprobs)
+        model_config = replace(model_config, quantization=resolve_quantization(
+            quantization, model_config.gguf_file, model_config.dtype, dev,
+            parallel.tensor_parallel_size))
         check_tp_size(model_config.hf_config, parallel.tensor_parallel_size,
                       "tensor_parallel_size", model)
         spec = None

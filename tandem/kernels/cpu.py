@@ -202,8 +202,8 @@ def llama_stack(x: torch.Tensor, dims: torch.Tensor, table: torch.Tensor,
                 requests: torch.Tensor, kv_slots: torch.Tensor,
                 scale: float) -> Optional[torch.Tensor]:
     """A Llama-family decoder stack in one call (cpu_decoder.c): x [T, hidden] embeddings ->
-    the final norm's output [T, hidden]. dims: [5] int64 (hidden, intermediate, heads, KV
-    heads, head size); table: [layers, 11] int64 addresses (models/llama_fused.py). None when
+    the final norm's output [T, hidden]. dims: [6] int64 (hidden, intermediate, heads, KV
+    heads, head size, quantized weights); table: [layers, 11] int64 addresses (models/llama_fused.py). None when
     a kernel refused (the caller then runs the layers one by one, rewriting the same slots)."""
     lib = _state["lib"]
     cos, sin = rope

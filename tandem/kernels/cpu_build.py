@@ -1,4 +1,5 @@
-"""Compiling and loading the CPU kernels (cpu_kernels.c, cpu_gemm.c, cpu_decoder.c) here.
+"""Compiling and loading the CPU kernels (cpu_kernels.c, cpu_gemm.c, cpu_decoder.c, cpu_quant.c,
+cpu_quantize.c) here.
 
 `TANDEM_CPU_KERNELS` chooses: `auto` (the default) compiles them with the system C compiler for
 this CPU (`-march=native`) the first time and falls back to torch ops, with one log line saying
@@ -41,10 +42,12 @@ logger = logging.getLogger("tandem")
 
 MODES = ("auto", "c", "torch")
 HERE = Path(__file__).parent
-HEADERS = [HERE / "vec.h", HERE / "kernels.h"]
+HEADERS = [HERE / "vec.h", HERE / "kernels.h", HERE / "f16.h"]
 SOURCES = {HERE / "cpu_kernels.c": ["-ffp-contract=off"],
            HERE / "cpu_gemm.c": ["-ffp-contract=fast"],
-           HERE / "cpu_decoder.c": ["-ffp-contract=off"]}
+           HERE / "cpu_decoder.c": ["-ffp-contract=off"],
+           HERE / "cpu_quant.c": ["-ffp-contract=off"],
+           HERE / "cpu_quantize.c": ["-ffp-contract=off"]}
 FLAGS = ["-O3", "-fPIC", "-std=gnu11", "-Wno-psabi"]
 
 _P, _I, _F, _INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
@@ -56,6 +59,11 @@ SIGNATURES = {  # name -> (argtypes, restype)
                                _INT),
     "tandem_linear": ([_P, _P, _P, _P, _I, _I, _I, _INT], _INT),
     "tandem_evict": ([_P, _I], _INT),
+    "tandem_q_block": ([_INT], _I),
+    "tandem_q_block_bytes": ([_INT], _I),
+    "tandem_qlinear": ([_P, _P, _P, _P, _I, _I, _I, _INT], _INT),
+    "tandem_q_rows": ([_INT, _P, _I, _P, _I, _I, _P], _INT),
+    "tandem_quantize": ([_P, _I, _I, _INT, _P, _INT], _INT),
     "tandem_llama_stack": ([_P, _P, _I, _P, _I, _P, _P, _F, _F, _INT, _P, _P, _P, _P, _P, _I, _I,
                             _F, _INT], _INT),
 }

@@ -31,4 +31,15 @@ int tandem_llama_stack(const float *x, float *out, int64_t t, const int64_t *dim
                        const int64_t *kv_slots, int64_t groups, int64_t lmax, float scale,
                        int threads);
 
+/* cpu_quant.c */
+int64_t tandem_q_block(int type);
+int64_t tandem_q_block_bytes(int type);
+int tandem_qlinear(const float *x, const int64_t *desc, const float *bias, float *y, int64_t m,
+                   int64_t n, int64_t k, int threads);
+int tandem_q_rows(int type, const uint8_t *data, int64_t row_bytes, const int64_t *ids,
+                  int64_t count, int64_t k, float *out);
+
+/* cpu_quantize.c */
+int tandem_quantize(const float *x, int64_t rows, int64_t k, int type, uint8_t *out, int threads);
+
 #endif

@@ -17,6 +17,7 @@ from tandem.kernels import cpu as cpu_kernels
 from tandem.layers.embedding import LMHead
 from tandem.layers.linear import ColumnParallelLinear, RowParallelLinear
 from tandem.layers.matmul_choice import cpu_matmul_mode, native_bf16
+from tandem.layers.quantized import is_quantized
 
 logger = logging.getLogger(__name__)
 
@@ -40,6 +41,9 @@ def apply_cpu_matmul_mode(model: nn.Module, dtype: torch.dtype, device: torch.de
     converted = 0
     with torch.no_grad():
         for module in model.modules():
+            if is_quantized(module) or (isinstance(module, LMHead) and module.tied_to is not None
+                                        and is_quantized(module.tied_to)):
+                continue  # quantized weights keep their blocks
             if isinstance(module, (ColumnParallelLinear, RowParallelLinear)):
                 module.weight.data = module.weight.data.to(torch.bfloat16)
                 converted += module.weight.numel()

@@ -11,16 +11,25 @@ import torch.nn.functional as F
 from torch import nn
 
 from tandem.distributed.parallel_state import current_group
-from tandem.layers.linear import linear
+from tandem.kernels.quant import QUANTIZE_TYPES
+from tandem.layers.linear import linear, make_weight
+from tandem.layers.quantized import build_mode, quantized_build
 
 
-def vocab_shard(vocab_size: int, hidden: int) -> nn.Parameter:
+def vocab_shard(module: nn.Module, vocab_size: int, hidden: int) -> nn.Parameter:
     """This rank's [per_rank, hidden] rows of a vocabulary-sized matrix, with a loader that
-    copies them out of the full checkpoint tensor."""
+    copies them out of the full checkpoint tensor. Quantized at load (q4_k, ...), the tables
+    take Q8_0: the LM head's logits are what sampling reads, as llama.cpp keeps them above
+    4 bits in its Q4 mixes."""
     group = current_group()
     per_rank = -(-vocab_size // group.size)
     start = group.rank * per_rank
-    param = nn.Parameter(torch.empty(per_rank, hidden), requires_grad=False)
+    module.row_offset = lambda shard_id=None: 0
+    mode = build_mode()
+    with quantized_build("q8_0" if mode in QUANTIZE_TYPES else mode):
+        param = make_weight(module, per_rank, hidden)
+    if build_mode() is not None:
+        return param  # one rank: the whole table, through param.quant_loader
 
     def load(p: nn.Parameter, loaded: torch.Tensor,
              shard_id: Optional[Union[int, str]] = None) -> None:
@@ -38,11 +47,13 @@ class Embedding(nn.Module):
         self.group = current_group()
         self.per_rank = -(-vocab_size // self.group.size)
         self.start = self.group.rank * self.per_rank
-        self.weight = vocab_shard(vocab_size, hidden)
+        self.weight = vocab_shard(self, vocab_size, hidden)
         self.scale = scale  # Gemma multiplies embeddings by sqrt(hidden)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:  # [T] -> [T, hidden]
-        if self.group.size == 1:
+        if self.qweight is not None:  # only the rows looked up are dequantized
+            x = self.qweight.rows(ids)
+        elif self.group.size == 1:
             x = F.embedding(ids, self.weight)
         else:
             local = ids - self.start
@@ -62,14 +73,15 @@ class LMHead(nn.Module):
         self.vocab_size = vocab_size
         self.tied_to = tied_to
         if tied_to is None:
-            self.weight = vocab_shard(vocab_size, hidden)
+            self.weight = vocab_shard(self, vocab_size, hidden)
         # A copy of the (tied) weight in another dtype for the matmul only, when the CPU matmul
         # mode keeps linear weights in bfloat16 (layers/cpu_matmul_weights.py); the embedding
         # lookup keeps the float32 rows.
         self.matmul_weight: Optional[torch.Tensor] = None
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:  # [N, hidden] -> [N, vocab]
-        w = self.tied_to.weight if self.tied_to is not None else self.weight
+        owner = self.tied_to if self.tied_to is not None else self
+        w = owner.qweight if owner.qweight is not None else owner.weight
         if self.matmul_weight is not None:
             w = self.matmul_weight
         logits = linear(hidden, w)                           # [N, vocab / tp]

@@ -4,6 +4,10 @@ Each parameter carries a `weight_loader(param, loaded_weight, shard_id=None)` th
 rank's slice of a full checkpoint tensor, so model files never mention ranks. Column-parallel layers
 split the output dimension; row-parallel ones split the input and all-reduce the result.
 Fused layers (QKV, gate/up) load each checkpoint tensor into its own row range.
+
+Built inside `quantized_build(mode)` (layers/quantized.py), a layer keeps no float weight: its
+parameter is a meta tensor (the shape), its parts arrive through `quant_loader` at the same row
+offsets, and `qweight` multiplies them once loaded.
 """
 
 from __future__ import annotations
@@ -16,18 +20,39 @@ from torch import nn
 
 from tandem.distributed.parallel_state import current_group
 from tandem.layers.matmul_choice import bf16_linear, kernel_for
+from tandem.layers.quantized import QuantizedWeight, QuantParts, build_mode
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor,
+def linear(x: torch.Tensor, weight: Union[torch.Tensor, QuantizedWeight],
            bias: Optional[torch.Tensor] = None) -> torch.Tensor:
     """x: [T, in] @ weight[out, in].T (+ bias) -> [T, out]. On CPU in float32 through oneDNN or
     BLAS, whichever measured faster on this machine for this shape, or against bfloat16 weights
-    where TANDEM_CPU_MATMUL=bf16 stored them so (layers/matmul_choice.py)."""
+    where TANDEM_CPU_MATMUL=bf16 stored them so (layers/matmul_choice.py); quantized weights
+    through their own kernels."""
+    if isinstance(weight, QuantizedWeight):
+        return weight.matmul(x, bias)
     if x.dtype == torch.float32 and x.device.type == "cpu" and x.dim() == 2:
         if weight.dtype == torch.bfloat16:
             return bf16_linear(x, weight, bias)
         return kernel_for(x, weight, bias)(x, weight, bias)
     return F.linear(x, weight, bias)
+
+
+def make_weight(module: nn.Module, rows: int, cols: int) -> nn.Parameter:
+    """A [rows, cols] weight parameter: float storage, or, inside `quantized_build`, a meta
+    tensor whose parts `module.quant_loader` collects (module.row_offset places each)."""
+    module.qweight = None
+    module.quant_parts = None
+    mode = build_mode()
+    if mode is None:
+        return nn.Parameter(torch.empty(rows, cols), requires_grad=False)
+    if getattr(module, "tp", 1) > 1:
+        raise ValueError("quantized weights run at tensor_parallel_size 1 only")
+    module.quant_parts = QuantParts(mode, (rows, cols))
+    param = nn.Parameter(torch.empty(rows, cols, device="meta"), requires_grad=False)
+    param.quant_loader = lambda part, shard_id=None: module.quant_parts.add(
+        module.row_offset(shard_id), part)
+    return param
 
 
 class ColumnParallelLinear(nn.Module):
@@ -37,7 +62,7 @@ class ColumnParallelLinear(nn.Module):
         self.tp = self.group.size
         assert out_features % self.tp == 0, f"{out_features} not divisible by tp={self.tp}"
         self.out_per_rank = out_features // self.tp
-        self.weight = nn.Parameter(torch.empty(self.out_per_rank, in_features), requires_grad=False)
+        self.weight = make_weight(self, self.out_per_rank, in_features)
         self.weight.weight_loader = self.weight_loader
         self.bias = None
         if bias:
@@ -49,8 +74,12 @@ class ColumnParallelLinear(nn.Module):
         size = param.shape[0]
         param.data.copy_(loaded.narrow(0, self.group.rank * size, size))
 
+    def row_offset(self, shard_id: Optional[Union[int, str]]) -> int:
+        """Where a checkpoint tensor's rows start in the weight (at one rank)."""
+        return 0
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self.weight, self.bias)
+        return linear(x, self.qweight if self.qweight is not None else self.weight, self.bias)
 
 
 class MergedColumnParallelLinear(ColumnParallelLinear):
@@ -66,6 +95,10 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
         size = self.output_sizes[shard_id] // self.tp
         offset = sum(self.output_sizes[:shard_id]) // self.tp
         param.data.narrow(0, offset, size).copy_(loaded.narrow(0, self.group.rank * size, size))
+
+    def row_offset(self, shard_id: Optional[Union[int, str]]) -> int:
+        assert isinstance(shard_id, int)
+        return sum(self.output_sizes[:shard_id])
 
 
 class QKVParallelLinear(ColumnParallelLinear):
@@ -89,6 +122,10 @@ class QKVParallelLinear(ColumnParallelLinear):
             rank = rank * (loaded.shape[0] // size) // self.tp
         param.data.narrow(0, offset, size).copy_(loaded.narrow(0, rank * size, size))
 
+    def row_offset(self, shard_id: Optional[Union[int, str]]) -> int:
+        q, kv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        return {"q": 0, "k": q, "v": q + kv}[shard_id]
+
 
 class RowParallelLinear(nn.Module):
     def __init__(self, in_features: int, out_features: int, bias: bool = False) -> None:
@@ -96,8 +133,7 @@ class RowParallelLinear(nn.Module):
         self.group = current_group()
         self.tp = self.group.size
         assert in_features % self.tp == 0, f"{in_features} not divisible by tp={self.tp}"
-        self.weight = nn.Parameter(torch.empty(out_features, in_features // self.tp),
-                                   requires_grad=False)
+        self.weight = make_weight(self, out_features, in_features // self.tp)
         self.weight.weight_loader = self.weight_loader
         self.bias = None
         if bias:
@@ -109,7 +145,11 @@ class RowParallelLinear(nn.Module):
         size = param.shape[1]
         param.data.copy_(loaded.narrow(1, self.group.rank * size, size))
 
+    def row_offset(self, shard_id: Optional[Union[int, str]]) -> int:
+        return 0
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # Bias is added once, after the reduction.
-        y = self.group.all_reduce(linear(x, self.weight))
+        w = self.qweight if self.qweight is not None else self.weight
+        y = self.group.all_reduce(linear(x, w))
         return y if self.bias is None else y + self.bias

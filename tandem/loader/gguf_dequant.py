@@ -109,22 +109,35 @@ def dequantize_tensor(gf: GGUFFile, info: GGUFTensorInfo) -> torch.Tensor:
         return _dequantize(gf, info)
 
 
-def _dequantize(gf: GGUFFile, info: GGUFTensorInfo) -> torch.Tensor:
+def raw_tensor(gf: GGUFFile, info: GGUFTensorInfo) -> torch.Tensor:
+    """The tensor's bytes as uint8 [rows, bytes per row], memory-mapped (nothing read yet)."""
     # mode "c" (copy-on-write) gives a writable array, so torch.from_numpy shares it without a warning
     raw = np.memmap(gf.path, dtype=np.uint8, mode="c", offset=info.start, shape=(info.nbytes,))
-    if info.ggml_type in _FLOAT_TYPES:
-        return torch.from_numpy(raw).view(_FLOAT_TYPES[info.ggml_type]).to(torch.float32, copy=True) \
-            .reshape(info.shape)
-    if info.ggml_type in _NUMPY_DEQUANT:
-        rows = raw.reshape(math.prod(info.shape[:-1]), -1)
-        return torch.from_numpy(np_dequantize(rows, _Q(info.ggml_type))).reshape(info.shape)
-    block, type_size = GGML_QUANT_SIZES[info.ggml_type]
-    blocks = torch.from_numpy(raw).reshape(-1, type_size)
+    return torch.from_numpy(raw).reshape(math.prod(info.shape[:-1]), -1)
+
+
+def _dequantize(gf: GGUFFile, info: GGUFTensorInfo) -> torch.Tensor:
+    return dequantize_blocks(raw_tensor(gf, info), info.ggml_type, info.shape)
+
+
+def dequantize_blocks(raw: torch.Tensor, ggml_type: int, shape: tuple[int, ...]) -> torch.Tensor:
+    """uint8 rows [rows, bytes per row] of `ggml_type` -> a new float32 tensor of `shape`."""
+    if ggml_type not in _FLOAT_TYPES and ggml_type not in _TORCH_DEQUANT \
+            and ggml_type not in _NUMPY_DEQUANT:
+        raise ValueError(f"quantization type {_ggml_type_name(ggml_type)} cannot be dequantized "
+                         f"(supported: {', '.join(SUPPORTED_GGML_TYPES)})")
+    if ggml_type in _FLOAT_TYPES:
+        return raw.contiguous().view(_FLOAT_TYPES[ggml_type]).to(torch.float32, copy=True) \
+            .reshape(shape)
+    if ggml_type in _NUMPY_DEQUANT:
+        return torch.from_numpy(np_dequantize(raw.numpy(), _Q(ggml_type))).reshape(shape)
+    block, type_size = GGML_QUANT_SIZES[ggml_type]
+    blocks = raw.reshape(-1, type_size)
     out = torch.empty(blocks.shape[0], block, dtype=torch.float32)
-    fn = _TORCH_DEQUANT[info.ggml_type]
+    fn = _TORCH_DEQUANT[ggml_type]
     for i in range(0, blocks.shape[0], _BLOCKS_PER_CHUNK):
         out[i:i + _BLOCKS_PER_CHUNK] = fn(blocks[i:i + _BLOCKS_PER_CHUNK])
-    return out.reshape(info.shape)
+    return out.reshape(shape)
 
 
 @contextlib.contextmanager

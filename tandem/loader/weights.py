@@ -26,8 +26,11 @@ def iter_safetensors(model_dir: str) -> Iterator[tuple[str, torch.Tensor]]:
                 yield key, f.get_tensor(key)
 
 
-def iter_weights(model_dir: str, gguf_file: str | None, hf_config: Any) -> Iterator[tuple[str, torch.Tensor]]:
+def iter_weights(model_dir: str, gguf_file: str | None, hf_config: Any,
+                 keep_quantized: bool = False) -> Iterator[tuple[str, Any]]:
+    """(HF name, tensor) pairs; with `keep_quantized`, a GGUF file's quantized tensors come as
+    their blocks (layers/quantized.RawQuant)."""
     if gguf_file is not None:
         from tandem.loader.gguf_loader import iter_gguf_tensors
-        return iter_gguf_tensors(gguf_file, hf_config)
+        return iter_gguf_tensors(gguf_file, hf_config, keep_quantized)
     return iter_safetensors(model_dir)

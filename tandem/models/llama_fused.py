@@ -4,7 +4,8 @@ Layer by layer, a step makes about a hundred Python-level calls per layer (modul
 kernel choice, ctypes), some 3 ms of a 30 ms single-stream step on the AMX Xeon, while the
 math itself already runs in our C kernels. When every piece of the stack would run them anyway
 (float32 on the CPU with the kernels on, our matmul chosen for each weight at this batch size,
-one decode/verify attention group, one rank, SiLU, no bias but q/k/v's, no sliding window),
+one decode/verify attention group, one rank, SiLU, no bias but q/k/v's, no sliding window; or
+every layer's weights quantized, which only our kernels multiply),
 `fused_stack` runs all layers in one call: the same kernels in the same order on the same
 shapes, so the result is bit-identical to the layer-by-layer path
 (tests/models/test_llama_fused.py). Anything else returns None and the layers run as before.
@@ -16,11 +17,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional
 
 import torch
+from torch import nn
 
 from tandem.attention.context import get_forward_context
 from tandem.kernels import cpu as cpu_kernels
 from tandem.layers import matmul_choice
 from tandem.layers.activation import silu_and_mul
+from tandem.layers.quantized import is_quantized
 from tandem.layers.rotary import Rope
 
 if TYPE_CHECKING:
@@ -32,12 +35,13 @@ _POINTERS = 11  # per layer, in cpu_decoder.c's order
 @dataclass
 class _Plan:
     """What a model's stack needs for the fused call, checked once per model."""
-    dims: torch.Tensor          # [5] int64: hidden, intermediate, heads, KV heads, head size
+    dims: torch.Tensor          # [6] int64: hidden, intermediate, heads, KV heads, head size,
+                                #   1 where the weights are quantized (descriptors in the table)
     eps: float
     qk_eps: float
     qk_unit_offset: bool
     scale: float
-    weights: list[torch.Tensor]  # one of each linear shape, for the matmul choice
+    weights: list[torch.Tensor]  # one of each linear shape, for the matmul choice (float only)
     table: Optional[torch.Tensor] = None  # [layers, 11] int64 addresses, once caches are bound
     table_key: tuple = ()
 
@@ -62,18 +66,32 @@ def _plan(model: LlamaModel) -> Optional[_Plan]:
                   and layer.mlp.gate_up_proj.bias is None and layer.mlp.down_proj.bias is None
                   and layer.mlp.act is silu_and_mul and layer.self_attn.attn.sliding_window is None
                   for layer in layers)
-          and all(_f32(p) for p in model.parameters())
+          and all(_f32(p) for p in model.parameters() if not p.is_meta)
           and a0.head_dim % 2 == 0 and cpu_kernels.attention_takes(a0.head_dim))
-    if not ok:
+    linears = [m for layer in layers for m in _linears(layer)]
+    quantized = [is_quantized(m) for m in linears]
+    if not ok or len(set(quantized)) != 1:  # every weight quantized, or none
         return None
     q_norm = qk[0][0]
     return _Plan(dims=torch.tensor([a0.qkv_proj.weight.shape[1], m0.down_proj.weight.shape[1],
-                                    a0.num_heads, a0.num_kv_heads, a0.head_dim]),
+                                    a0.num_heads, a0.num_kv_heads, a0.head_dim,
+                                    int(quantized[0])]),
                  eps=model.norm.eps, qk_eps=q_norm.eps if q_norm is not None else 0.0,
                  qk_unit_offset=bool(q_norm is not None and q_norm.unit_offset),
                  scale=a0.attn.scale,
-                 weights=[a0.qkv_proj.weight, a0.o_proj.weight, m0.gate_up_proj.weight,
-                          m0.down_proj.weight])
+                 weights=[] if quantized[0] else [m.weight for m in _linears(layers[0])])
+
+
+def _linears(layer: nn.Module) -> list[nn.Module]:
+    """A layer's four linear layers, in cpu_decoder.c's table order."""
+    return [layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj,
+            layer.mlp.down_proj]
+
+
+def _weight_address(module: nn.Module) -> int:
+    """A float32 weight's data, or a quantized weight's descriptor (kernels/cpu_quant.c)."""
+    q = module.qweight
+    return q.desc.data_ptr() if q is not None else module.weight.data_ptr()
 
 
 def _table(model: LlamaModel, plan: _Plan) -> Optional[torch.Tensor]:
@@ -87,12 +105,12 @@ def _table(model: LlamaModel, plan: _Plan) -> Optional[torch.Tensor]:
         for layer in model.layers:
             at, mlp = layer.self_attn, layer.mlp
             tensors = [layer.input_layernorm.weight, layer.post_attention_layernorm.weight,
-                       at.qkv_proj.weight, at.qkv_proj.bias, at.o_proj.weight,
-                       mlp.gate_up_proj.weight, mlp.down_proj.weight,
-                       at.q_norm.weight if at.q_norm is not None else None,
+                       at.qkv_proj, at.qkv_proj.bias, at.o_proj, mlp.gate_up_proj,
+                       mlp.down_proj, at.q_norm.weight if at.q_norm is not None else None,
                        at.k_norm.weight if at.k_norm is not None else None,
                        at.attn.k_cache, at.attn.v_cache]
-            rows.append([0 if t is None else t.data_ptr() for t in tensors])
+            rows.append([0 if t is None else _weight_address(t) if isinstance(t, nn.Module)
+                         else t.data_ptr() for t in tensors])
         assert len(rows[0]) == _POINTERS
         plan.table, plan.table_key = torch.tensor(rows, dtype=torch.int64), key
     return plan.table
@@ -114,6 +132,7 @@ def fused_stack(model: LlamaModel, x: torch.Tensor, rope: Rope) -> Optional[torc
             matmul_choice.choose_c_together(plan.weights)
     if plan is None:
         return None
+    # (a quantized plan lists no weights: only our kernels multiply them)
     if any(matmul_choice.kernel_for(x, w, None) is not matmul_choice._c for w in plan.weights):
         return None
     table = _table(model, plan)

@@ -7,6 +7,8 @@ from typing import Iterable
 import torch
 from torch import nn
 
+from tandem.layers.quantized import RawQuant
+
 # checkpoint name fragment -> (our fused parameter fragment, shard id)
 STACKED = (
     ("q_proj", "qkv_proj", "q"), ("k_proj", "qkv_proj", "k"), ("v_proj", "qkv_proj", "v"),
@@ -30,6 +32,13 @@ def load_weights(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]]) 
             raise ValueError(f"Checkpoint tensor {name!r} has no matching parameter in "
                              f"{type(model).__name__}.")
         param = params[name]
+        quant_loader = getattr(param, "quant_loader", None)
+        if quant_loader is not None:  # a layer that keeps its weight quantized
+            quant_loader(tensor, shard)
+            loaded.add(name)
+            continue
+        if isinstance(tensor, RawQuant):  # file blocks (2-D only) for a layer that holds float32
+            tensor = tensor.dequantize()
         tensor = tensor.to(param.dtype)
         loader = getattr(param, "weight_loader", None)
         if loader is not None:

@@ -35,6 +35,8 @@ class SpeculativeConfig:
     draft_tensor_parallel_size: Optional[int] = None
     max_model_len: Optional[int] = None
     revision: Optional[str] = None
+    # vLLM's key: how the draft's weights are quantized (tandem/quantization.py's values)
+    quantization: Optional[str] = None
     draft_sample_method: str = "greedy"
     use_heterogeneous_vocab: bool = False
     heterogeneous_vocab_feedback: str = "reencode"
@@ -179,6 +181,12 @@ class SpeculativeConfig:
         draft = ModelConfig.create(self.model, None, target.dtype, None, target.seed,
                                    self.revision, device, field_prefix="speculative_config.",
                                    load_format=target.load_format)
+        from dataclasses import replace
+
+        from tandem.quantization import resolve_quantization
+        draft = replace(draft, quantization=resolve_quantization(
+            self.quantization, draft.gguf_file, draft.dtype, device,
+            self.draft_tensor_parallel_size or 1, field="speculative_config.quantization"))
         if self.max_model_len is not None:
             if self.max_model_len > draft.max_model_len:
                 raise ValueError(f"speculative_max_model_len={self.max_model_len} cannot be "

@@ -63,9 +63,12 @@ GREEDY = SamplingParams(temperature=0, max_tokens=GREEDY_TOKENS, ignore_eos=True
 # Fixtures: one engine per model (and one speculative engine) per module
 # ------------------------------------------------------------------------------------------------
 
+# The engines compared with transformers dequantize the files (quantization="none"): the same
+# float numerics as the reference. The files' own blocks (the default) are tested against these
+# below, and in tests/real/test_quantized_real.py.
 @pytest.fixture(scope="module")
 def smollm2() -> Iterator[LLM]:
-    llm = LLM(model=SMOLLM2)
+    llm = LLM(model=SMOLLM2, quantization="none")
     yield llm
     del llm
     gc.collect()
@@ -73,7 +76,7 @@ def smollm2() -> Iterator[LLM]:
 
 @pytest.fixture(scope="module")
 def gemma3() -> Iterator[LLM]:
-    llm = LLM(model=GEMMA3)
+    llm = LLM(model=GEMMA3, quantization="none")
     yield llm
     del llm
     gc.collect()
@@ -208,7 +211,8 @@ def _metric_values(llm: LLM) -> dict[str, float]:
 def spec_run(smollm2: LLM) -> Iterator[dict[str, Any]]:
     """The same prompts, plain and with SmolLM2 drafting for itself (k=3): completions and chats, greedy,
     32 tokens (stopping at EOS, so stops inside accepted runs are exercised too)."""
-    llm = LLM(model=SMOLLM2, speculative_config={"model": SMOLLM2, "num_speculative_tokens": SPEC_K})
+    llm = LLM(model=SMOLLM2, quantization="none",
+              speculative_config={"model": SMOLLM2, "num_speculative_tokens": SPEC_K})
     texts = spec_prompts()
     chats = [[{"role": "user", "content": t}] for t in texts]
     params = SamplingParams(temperature=0, max_tokens=GREEDY_TOKENS)

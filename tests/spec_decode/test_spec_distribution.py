@@ -60,10 +60,11 @@ def exact(pair) -> np.ndarray:
     return p1[:, None, None] * p2[:, :, None] * p3
 
 
-def _sample(pair, method: str, adaptive: bool = False) -> tuple[np.ndarray, float]:
-    llm = LLM(pair[0], seed=1234, speculative_config={
+def _sample(pair, method: str, adaptive: bool = False,
+            quantization: str | None = None) -> tuple[np.ndarray, float]:
+    llm = LLM(pair[0], seed=1234, quantization=quantization, speculative_config={
         "model": pair[1], "num_speculative_tokens": 2, "draft_sample_method": method,
-        "adaptive": adaptive})
+        "adaptive": adaptive, "quantization": quantization})
     # Two requests of n = NUM_SAMPLES / 2 (n is capped at 16384, as in vLLM).
     outs = llm.generate([PROMPT] * 2, SamplingParams(n=NUM_SAMPLES // 2, temperature=TEMPERATURE,
                                                      top_p=TOP_P, max_tokens=4, ignore_eos=True),
@@ -127,3 +128,32 @@ def test_adaptive_speculation_stays_exact_as_k_changes_every_step(pair, exact, m
     samples, acceptance = _sample(pair, "probabilistic", adaptive=True)
     assert set(chosen) == {0, 1, 2} and 0.1 < acceptance < 0.95
     assert _pvalue(samples, exact) > ALPHA
+
+
+@pytest.fixture(scope="module")
+def exact_q8(pair) -> np.ndarray:
+    """The Q8_0-quantized target's own law (its weights and 8-bit activations change the
+    logits), read off the engine: the full log-softmax of its raw logits after every prefix."""
+    v = 24
+    llm = LLM(pair[0], quantization="q8_0", max_logprobs=-1)
+    prefixes = ([PROMPT] + [PROMPT + [a] for a in range(v)]
+                + [PROMPT + [a, b] for a in range(v) for b in range(v)])
+    outs = llm.generate(prefixes, SamplingParams(temperature=0, max_tokens=1, logprobs=v),
+                        use_tqdm=False)
+    rows = torch.tensor([[o.outputs[0].logprobs[0][t].logprob for t in range(v)] for o in outs])
+    p1 = _processed(rows[:1])[0]                           # log-softmax: the same p as logits
+    p2 = _processed(rows[1:1 + v])                         # [V, V]
+    p3 = _processed(rows[1 + v:]).reshape(v, v, v)
+    return p1[:, None, None] * p2[:, :, None] * p3
+
+
+def test_speculation_on_quantized_weights_samples_their_distribution(pair, exact_q8):
+    samples, acceptance = _sample(pair, "probabilistic", quantization="q8_0")
+    assert 0.1 < acceptance < 0.95
+    assert _pvalue(samples, exact_q8) > ALPHA
+
+
+def test_a_planted_error_on_quantized_weights_is_detected(pair, exact_q8, monkeypatch):
+    monkeypatch.setattr(RejectionSampler, "recovery_weights", staticmethod(_resample_from_p))
+    samples, _ = _sample(pair, "probabilistic", quantization="q8_0")
+    assert _pvalue(samples, exact_q8) < ALPHA

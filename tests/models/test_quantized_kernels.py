@@ -1,0 +1,120 @@
+"""The quantized-weight kernels (kernels/cpu_quant.c, cpu_quantize.c), native and held to AVX2:
+dequantization exact against the gguf package, dot products within their stated bound, rows
+independent of their batch and the thread count, and our blocks readable by gguf's reference."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType as Q
+from gguf.quants import dequantize as gguf_dequantize
+
+from tandem.kernels import quant
+from tandem.layers.quantized import QuantizedWeight, RawQuant
+
+# byte offsets of the float16 scales in each block (the rest of a random block is any bytes)
+_F16_AT = {"Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "Q8_0": (0,),
+           "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}
+
+
+def random_blocks(name: str, rows: int, k: int, seed: int = 0) -> torch.Tensor:
+    """uint8 [rows, row bytes] of random blocks of `name` with sane float16 scales."""
+    block, nbytes = quant.block_shape(quant.KERNEL_TYPES[name])
+    rng = np.random.default_rng(seed)
+    raw = rng.integers(0, 256, (rows, k // block, nbytes), dtype=np.uint8)
+    for at in _F16_AT[name]:
+        scales = rng.uniform(-0.05, 0.05, (rows, k // block)).astype(np.float16)
+        raw[:, :, at:at + 2] = scales.view(np.uint8).reshape(rows, k // block, 2)
+    return torch.from_numpy(raw.reshape(rows, -1).copy())
+
+
+def _weight(name: str, raw: torch.Tensor, k: int) -> QuantizedWeight:
+    return QuantizedWeight([RawQuant(quant.KERNEL_TYPES[name], raw, k, name)])
+
+
+def _bound(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """|y - x w^T| <= sum_e |w_e| * (ax_e / 2) (+ float rounding): each x_e is rounded to its
+    32-block's step ax = max|x| / 127, so it moves by at most half a step."""
+    step = x.reshape(x.shape[0], -1, 32).abs().amax(-1, keepdim=True) / 127  # [m, k/32, 1]
+    half_steps = (step / 2).expand(-1, -1, 32).reshape(x.shape)               # [m, k]
+    return half_steps @ w.abs().T * 1.001 + 1e-4
+
+
+@pytest.mark.parametrize("name", sorted(quant.KERNEL_TYPES))
+def test_dequantized_values_are_exact_and_dot_products_within_the_bound(fused, name):
+    k = 512 if name.endswith("_K") else 96
+    raw = random_blocks(name, 37, k)
+    reference = torch.from_numpy(gguf_dequantize(raw.numpy(), Q[name])).float()
+    w = _weight(name, raw, k)
+    assert torch.equal(w.dequantize(), reference)
+    ids = torch.tensor([5, 0, 36, 5])
+    assert torch.equal(w.rows(ids), reference[ids])  # an embedding gather reads rows only
+    x = torch.randn(9, k)
+    exact = x.double() @ reference.double().T
+    err = (w.matmul(x, None).double() - exact).abs()
+    assert (err <= _bound(x, reference).double()).all(), float((err / exact.abs()).max())
+    assert err.max() > 0  # the activations really are quantized: the bound is the one that binds
+
+
+@pytest.mark.parametrize("name", ["Q4_1", "Q8_0", "Q4_K", "Q6_K", "Q5_0"])
+def test_a_row_gets_the_same_bits_at_any_batch_and_thread_count(fused, name):
+    k = 768 if name.endswith("_K") else 576
+    w = _weight(name, random_blocks(name, 70, k, seed=1), k)
+    x = torch.randn(64, k)
+    bias = torch.randn(70)
+    full = w.matmul(x, bias)
+    for rows in (1, 7, 64):
+        assert torch.equal(w.matmul(x[:rows], bias), full[:rows])
+    assert torch.equal(w.matmul(x[40:47], bias), full[40:47])
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = w.matmul(x, bias)
+        torch.set_num_threads(2)
+        two = w.matmul(x, bias)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(one, full) and torch.equal(two, full)
+
+
+def test_segments_of_different_types_are_one_weight(fused):
+    """A Q4_K_M file's fused q/k/v projection: Q5_0, Q5_0 and Q8_0 rows in one matmul."""
+    k = 128
+    parts = [("Q5_0", 24), ("Q5_0", 8), ("Q8_0", 8), ("Q4_1", 3)]
+    raws = [RawQuant(quant.KERNEL_TYPES[n], random_blocks(n, r, k, seed=i), k, n)
+            for i, (n, r) in enumerate(parts)]
+    w = QuantizedWeight(raws)
+    x = torch.randn(5, k)
+    joint = w.matmul(x, None)
+    alone = torch.cat([QuantizedWeight([r]).matmul(x, None) for r in raws], dim=1)
+    assert torch.equal(joint, alone)
+    assert torch.equal(w.dequantize(), torch.cat([r.dequantize() for r in raws]))
+
+
+@pytest.mark.parametrize("mode,name,max_err", [("q8_0", "Q8_0", 0.5 / 127),
+                                               ("q4_0", "Q4_0", 1 / 8),
+                                               ("q4_k", "Q4_K", 1 / 15)])
+def test_quantizing_writes_blocks_the_reference_reads(fused, mode, name, max_err):
+    x = torch.randn(16, 512)
+    raw = quant.quantize(x, quant.QUANTIZE_TYPES[mode])
+    ours = quant.dequantize_rows(quant.KERNEL_TYPES[name], raw, torch.arange(16), 512)
+    theirs = torch.from_numpy(gguf_dequantize(raw.numpy(), Q[name])).float()
+    assert torch.equal(ours, theirs)  # the layout is ggml's
+    # Error per block, relative to the block's largest magnitude: half a step of the format
+    # (Q4_K: one step of a sub-block's range, whose 6-bit scale codes round too), plus the
+    # float16 rounding of the stored scale (2^-11 relative, times up to 127 steps: 1.15x).
+    err = (ours - x).abs().reshape(16, -1, 32)
+    scale = x.abs().reshape(16, -1, 32).amax(-1, keepdim=True)
+    assert (err <= max_err * scale * 1.15 + 1e-6).all(), float((err / scale).max())
+
+
+def test_layouts_the_kernel_does_not_take_are_refused(fused):
+    w = _weight("Q4_0", random_blocks("Q4_0", 4, 64), 64)
+    with pytest.raises(RuntimeError, match="float32 CPU"):
+        w.matmul(torch.randn(2, 64, dtype=torch.float64), None)
+    bad = torch.tensor([1, 99, 4, w.segments[0].data.data_ptr(), 36], dtype=torch.int64)
+    with pytest.raises(RuntimeError, match="refused"):
+        quant.qlinear(torch.randn(2, 64), bad, None, 4)  # type 99: no such block
+    with pytest.raises(ValueError, match="blocks of 256"):
+        quant.quantize(torch.randn(2, 64), quant.QUANTIZE_TYPES["q4_k"])
