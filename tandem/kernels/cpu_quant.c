@@ -86,6 +86,7 @@ static void k_scale_min(const uint8_t *q, int j, int *sc, int *mn) {
 /* 16 bytes as one value (GCC vector extension: SSE2 or NEON, any x86-64 or Arm machine). */
 typedef uint8_t v16u __attribute__((vector_size(16)));
 typedef int8_t v16s __attribute__((vector_size(16)));
+typedef float v4f __attribute__((vector_size(16)));
 static inline __attribute__((always_inline)) v16u ld(const uint8_t *p) { v16u v; memcpy(&v, p, 16); return v; }
 static inline __attribute__((always_inline)) void st(uint8_t *p, v16u v) { memcpy(p, &v, 16); }
 
@@ -199,8 +200,8 @@ static void unpack_row(int type, const uint8_t *row, int64_t k, int64_t kp, row_
     for (int64_t c = 0, blk = 0; c < k; c += block, blk++) {
         unpack_block(type, row + blk * bytes, r.u + c, r.s ? r.s + c : NULL, a16, r.b16 + c / 16);
         for (int64_t g = 0; g < block / 16; g++) {  /* 4 lanes of 4 elements per scale */
-            float *la = r.la + c / 4 + 4 * g;
-            la[0] = la[1] = la[2] = la[3] = a16[g];
+            v4f v = {a16[g], a16[g], a16[g], a16[g]};
+            memcpy(r.la + c / 4 + 4 * g, &v, 16);
         }
     }
     memset(r.u + k, 0, (size_t)(kp - k));
