@@ -31,7 +31,7 @@ def _usage() -> str:
     return "\n".join(lines)
 
 
-def _setup_logging() -> None:
+def setup_logging() -> None:
     handler = logging.StreamHandler()
     handler.setFormatter(logging.Formatter("%(levelname)s %(asctime)s [%(name)s] %(message)s",
                                            "%H:%M:%S"))
@@ -63,17 +63,22 @@ def bind_socket(host: Optional[str], port: int) -> socket.socket:
     return sock
 
 
-# The engine's OpenMP threads (torch's pool, which our kernels share) otherwise spin for a while
-# after each parallel region, on the cores the event loop and the engine thread need. On 2 cores
-# /health and /metrics then took up to 180 ms to answer while 16 streams ran (under 100 ms with
-# passive waits), and serving SmolLM2 produced 1.04-1.48x the tokens/s with passive waits, at 1
-# and at 16 streams (three runs each, docs/performance.md). libgomp reads this when torch loads, so
-# it is set before; a value the user set is kept.
-SERVE_OMP_WAIT_POLICY = "PASSIVE"
+# The engine core runs in a process of its own (engine/core_process.py), and nothing in the API
+# process runs OpenMP, so the engine's OpenMP threads (torch's pool, which our kernels share) no
+# longer wait passively for the event loop's sake: OMP_WAIT_POLICY=PASSIVE, which `tandem serve`
+# set while the engine shared the loop's process, halved the offline engine's single-stream rate.
+# libgomp's default (spin a while, then sleep) until measured otherwise (docs/performance.md).
+# Variables the user set are kept.
+ENGINE_OPENMP_ENV: dict[str, str] = {}
+
+
+def engine_openmp_env(environ: Optional[dict[str, str]] = None) -> dict[str, str]:
+    """The OpenMP variables `tandem serve` gives its engine core process: ours, unless set."""
+    environ = dict(os.environ if environ is None else environ)
+    return {k: v for k, v in ENGINE_OPENMP_ENV.items() if k not in environ}
 
 
 def serve(argv: Sequence[str], launch_time: float) -> None:
-    os.environ.setdefault("OMP_WAIT_POLICY", SERVE_OMP_WAIT_POLICY)
     if any(a in ("-h", "--help") for a in argv):
         make_serve_parser().print_help()
         return
@@ -81,15 +86,17 @@ def serve(argv: Sequence[str], launch_time: float) -> None:
         args = parse_serve_args(argv)
     except ArgumentError as e:
         print_error_and_exit(str(e), 2)
-    _setup_logging()
+    setup_logging()
     from tandem.entrypoints.openai.serve_flags import log_notes
     log_notes(args.compat_notes)
     from tandem.config import EngineConfig
     from tandem.distributed.node import run_worker_node
-    from tandem.engine.async_engine import AsyncLLMEngine
-    from tandem.engine.llm_engine import LLMEngine
+    from tandem.engine.core_client import EngineCoreClient, EngineStartupError
     from tandem.entrypoints.chat_utils import load_chat_template
     from tandem.entrypoints.openai.api_server import run_server
+    from tandem.loader.generation_config import sampling_defaults
+    from tandem.loader.tokenizer import load_tokenizer
+    from tandem.sample.grammar import GrammarCompiler
     try:
         chat_template = load_chat_template(args.chat_template)
         kwargs = engine_kwargs(args)
@@ -97,8 +104,13 @@ def serve(argv: Sequence[str], launch_time: float) -> None:
         if config.parallel_config.node_rank > 0:  # workers only: node 0 serves
             sys.exit(run_worker_node(config))
         sock = bind_socket(args.host, args.port)  # before the weights load: fail fast
-        engine = AsyncLLMEngine(LLMEngine(config), log_stats=not args.disable_log_stats)
-    except STARTUP_ERRORS as e:
+        mc = config.model_config
+        tokenizer = load_tokenizer(mc)
+        engine = EngineCoreClient.launch(
+            config, not args.disable_log_stats, engine_openmp_env(), tokenizer,
+            sampling_defaults(mc.model_dir, config.generation_config),
+            GrammarCompiler(tokenizer, mc.vocab_size))
+    except (EngineStartupError, *STARTUP_ERRORS) as e:
         print_error_and_exit(one_line(e), 1)
     run_server(args, engine, chat_template, launch_time, sock)
 

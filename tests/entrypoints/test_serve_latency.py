@@ -7,11 +7,12 @@ import os
 import socket
 import statistics
 import time
+from pathlib import Path
 
 import httpx
 import pytest
 
-from entrypoints.server_helpers import ServerProcess
+from entrypoints.server_helpers import ServerProcess, engine_pid
 from tandem import cli
 
 
@@ -42,16 +43,23 @@ def test_keep_alive_answers_are_not_held_for_a_delayed_ack(server: ServerProcess
     assert statistics.median(took) < 0.02, [round(t * 1000) for t in took]
 
 
-@pytest.mark.parametrize("given, kept", [(None, "PASSIVE"), ("ACTIVE", "ACTIVE")])
-def test_serve_makes_openmp_threads_wait_passively(monkeypatch: pytest.MonkeyPatch,
-                                                   capsys: pytest.CaptureFixture,
-                                                   given: str, kept: str) -> None:
-    """Set before torch loads (argument errors never import it: test_vllm_parity_flags); a
-    user's own value stays."""
-    if given is None:
-        monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
-    else:
-        monkeypatch.setenv("OMP_WAIT_POLICY", given)
+def test_the_engine_process_gets_our_openmp_settings_unless_the_user_set_them(
+        server: ServerProcess) -> None:
+    """The engine core process waits as measured best for it (cli.ENGINE_OPENMP_ENV); the API
+    process runs no OpenMP and its environment is left alone."""
+    environ = Path(f"/proc/{engine_pid(server)}/environ").read_bytes().split(b"\0")
+    engine_env = dict(item.decode().split("=", 1) for item in environ if b"=" in item)
+    for name, value in cli.ENGINE_OPENMP_ENV.items():
+        assert engine_env.get(name) == os.environ.get(name, value)
+    assert cli.engine_openmp_env({}) == cli.ENGINE_OPENMP_ENV
+    users = {name: "user's" for name in cli.ENGINE_OPENMP_ENV}
+    assert cli.engine_openmp_env(users) == {}
+
+
+def test_serve_leaves_its_own_environment_alone(monkeypatch: pytest.MonkeyPatch,
+                                                capsys: pytest.CaptureFixture) -> None:
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    before = dict(os.environ)
     cli.serve(["--help"], time.perf_counter())
     assert "usage" in capsys.readouterr().out.lower()
-    assert os.environ["OMP_WAIT_POLICY"] == kept
+    assert dict(os.environ) == before

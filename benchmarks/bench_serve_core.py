@@ -1,0 +1,206 @@
+"""The server at the engine's speed (issue 27): `tandem serve` against the offline engine, on one
+model, in one run.
+
+  offline `LLM`: one prompt, 128 greedy tokens (tok/s); 16 prompts of 64 tokens (tok/s); a
+  20-token prompt with max_tokens=1 (one prefill, ms).
+  `tandem serve` (one server per --config, started here): one streaming and one non-streaming
+  request of 128 tokens, 16 concurrent streams of 64 tokens, the time to first token of a
+  20-token prompt; each as a ratio to the offline figure.
+
+Every figure is the median of --rounds. The client (httpx, in this process) shares the machine's
+cores with the server: on a 2-core machine it takes time from the server it measures.
+
+  python benchmarks/bench_serve_core.py --config default --config OMP_WAIT_POLICY=PASSIVE
+  python benchmarks/bench_serve_core.py --repo /tmp/old-tandem --config OMP_WAIT_POLICY=PASSIVE
+
+A --config is `default` (what `tandem serve` sets) or VAR=VALUE[,VAR=VALUE] for the server's
+environment (the engine process inherits what the user set). --repo serves another checkout (for
+a before/after).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+SMOLLM2 = "HuggingFaceTB/SmolLM2-135M-Instruct"
+PROMPT = "Write a long story about a robot who learns to paint."
+# 20 tokens with SmolLM2's tokenizer (checked when the run starts)
+PROMPT20 = "The history of the city begins in the early days when farmers and traders came"
+
+
+def _median(fn: Callable[[], float], rounds: int) -> tuple[float, list[float]]:
+    values = [fn() for _ in range(rounds)]
+    return statistics.median(values), values
+
+
+def offline(model: str, rounds: int) -> dict[str, Any]:
+    from tandem import LLM, SamplingParams
+    llm = LLM(model=model, max_model_len=1024)
+    n20 = len(llm.get_tokenizer()(PROMPT20).input_ids)
+    greedy = SamplingParams(temperature=0, max_tokens=128, ignore_eos=True)
+    llm.generate([PROMPT], greedy, use_tqdm=False)  # warm-up
+
+    def one() -> float:
+        t0 = time.perf_counter()
+        out = llm.generate([PROMPT], greedy, use_tqdm=False)
+        return len(out[0].outputs[0].token_ids) / (time.perf_counter() - t0)
+
+    def sixteen() -> float:
+        params = SamplingParams(temperature=0, max_tokens=64, ignore_eos=True)
+        t0 = time.perf_counter()
+        outs = llm.generate([f"{PROMPT} ({i})" for i in range(16)], params, use_tqdm=False)
+        return sum(len(o.outputs[0].token_ids) for o in outs) / (time.perf_counter() - t0)
+
+    def prefill() -> float:
+        t0 = time.perf_counter()
+        llm.generate([PROMPT20], SamplingParams(temperature=0, max_tokens=1), use_tqdm=False)
+        return (time.perf_counter() - t0) * 1000
+
+    result = {"prompt20_tokens": n20}
+    for name, fn in (("one_stream_tok_s", one), ("sixteen_tok_s", sixteen),
+                     ("prefill20_ms", prefill)):
+        result[name], result[name + "_rounds"] = _median(fn, rounds)
+    del llm
+    return result
+
+
+def _start(repo: Path, model: str, env: dict[str, str], port: int, log: Path) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "tandem", "serve", model, "--port", str(port), "--host",
+           "127.0.0.1", "--max-model-len", "1024", "--disable-log-stats",
+           "--uvicorn-log-level", "warning", "--disable-uvicorn-access-log"]
+    full_env = {**os.environ, "PYTHONPATH": str(repo), **env}
+    proc = subprocess.Popen(cmd, env=full_env, stdout=log.open("w"), stderr=subprocess.STDOUT,
+                            cwd=str(repo))
+    deadline = time.monotonic() + 300
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited: {log.read_text()[-2000:]}")
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            pass
+        assert time.monotonic() < deadline, "server did not start"
+        time.sleep(0.2)
+
+
+def _stream(client: httpx.Client, url: str, prompt: str, max_tokens: int
+            ) -> tuple[float, float, int]:
+    """(seconds to the first text, seconds in all, completion tokens) of one streamed request."""
+    body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
+            "stream": True, "stream_options": {"include_usage": True}}
+    t0 = time.perf_counter()
+    first = None
+    tokens = 0
+    with client.stream("POST", url + "/v1/completions", json=body, timeout=300) as r:
+        for line in r.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if first is None and any(c.get("text") for c in chunk.get("choices", [])):
+                first = time.perf_counter() - t0
+            if chunk.get("usage"):
+                tokens = chunk["usage"]["completion_tokens"]
+    return first or 0.0, time.perf_counter() - t0, tokens
+
+
+def served(url: str, rounds: int) -> dict[str, Any]:
+    client = httpx.Client()
+    _stream(client, url, PROMPT, 16)  # warm-up
+
+    def one_stream() -> float:
+        _, took, tokens = _stream(client, url, PROMPT, 128)
+        return tokens / took
+
+    def one_plain() -> float:
+        t0 = time.perf_counter()
+        r = client.post(url + "/v1/completions", timeout=300, json={
+            "prompt": PROMPT, "max_tokens": 128, "temperature": 0, "ignore_eos": True})
+        return r.json()["usage"]["completion_tokens"] / (time.perf_counter() - t0)
+
+    def sixteen() -> float:
+        tokens: list[int] = []
+
+        def run(i: int) -> None:
+            with httpx.Client() as c:
+                tokens.append(_stream(c, url, f"{PROMPT} ({i})", 64)[2])
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(16)]
+        t0 = time.perf_counter()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return sum(tokens) / (time.perf_counter() - t0)
+
+    def ttft() -> float:
+        return _stream(client, url, PROMPT20, 2)[0] * 1000
+
+    result: dict[str, Any] = {}
+    for name, fn in (("one_stream_tok_s", one_stream), ("one_plain_tok_s", one_plain),
+                     ("sixteen_tok_s", sixteen), ("ttft20_ms", ttft)):
+        result[name], result[name + "_rounds"] = _median(fn, rounds)
+    client.close()
+    return result
+
+
+def _env(config: str) -> dict[str, str]:
+    if config == "default":
+        return {}
+    return dict(item.split("=", 1) for item in config.split(","))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default=SMOLLM2)
+    p.add_argument("--config", action="append", default=None)
+    p.add_argument("--repo", default=str(ROOT), help="the checkout to serve")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--port", type=int, default=8471)
+    p.add_argument("--skip-offline", action="store_true")
+    p.add_argument("--output-json", default=None)
+    args = p.parse_args()
+    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
+                if line.startswith("model name")), "unknown")
+    result: dict[str, Any] = {"cpu": cpu, "cores": os.cpu_count(), "model": args.model,
+                              "repo": args.repo, "servers": {}}
+    if not args.skip_offline:
+        result["offline"] = offline(args.model, args.rounds)
+        print("offline:", json.dumps({k: v for k, v in result["offline"].items()
+                                      if not k.endswith("_rounds")}), flush=True)
+    for config in args.config or ["default"]:
+        log = Path(f"/tmp/bench_serve_core_{os.getpid()}.log")
+        proc = _start(Path(args.repo), args.model, _env(config), args.port, log)
+        try:
+            s = served(f"http://127.0.0.1:{args.port}", args.rounds)
+        finally:
+            proc.terminate()
+            proc.wait(60)
+        off = result.get("offline")
+        if off:
+            s["ratios"] = {
+                "one_stream": s["one_stream_tok_s"] / off["one_stream_tok_s"],
+                "one_plain": s["one_plain_tok_s"] / off["one_stream_tok_s"],
+                "sixteen": s["sixteen_tok_s"] / off["sixteen_tok_s"],
+                "ttft_minus_prefill_ms": s["ttft20_ms"] - off["prefill20_ms"]}
+        result["servers"][config] = s
+        print(f"{config}:", json.dumps({k: v for k, v in s.items() if not k.endswith("_rounds")}),
+              flush=True)
+    if args.output_json:
+        Path(args.output_json).write_text(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
