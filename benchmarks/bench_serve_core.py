@@ -76,6 +76,44 @@ def offline(model: str, rounds: int) -> dict[str, Any]:
     return result
 
 
+def channel_cost(steps: int = 2000) -> dict[str, float]:
+    """CPU time of the channel per engine step, both ends (delta encoding, pickling, framing,
+    unpickling, rebuilding the cumulative outputs), for 1 and 16 requests of 128 tokens with
+    logprobs off: microseconds per step and per token. (The socket's two syscalls per step come
+    on top: a few microseconds.)"""
+    from tandem.engine.core_messages import (DeltaEncoder, EngineCoreOutputs, FrameBuffer,
+                                             OutputAssembler, encode_frame)
+    from tandem.outputs import CompletionOutput, RequestOutput
+    result = {}
+    for batch in (1, 16):
+        encoder, assembler, frames = DeltaEncoder(), OutputAssembler(), FrameBuffer()
+        prompt = list(range(20))
+        per_step = []
+        done = 0
+        while done < steps:
+            ids = [f"r{done}-{i}" for i in range(batch)]
+            for rid in ids:
+                assembler.add(rid, prompt)
+            tokens: list[int] = []
+            for t in range(128):
+                tokens.append(100 + t)
+                outs = [RequestOutput(rid, None, prompt, None, [CompletionOutput(
+                    0, " word" * len(tokens), list(tokens), None, None,
+                    "length" if t == 127 else None)], t == 127) for rid in ids]
+                t0 = time.perf_counter()
+                frame = encode_frame(EngineCoreOutputs(outputs=[encoder.encode(o)
+                                                                for o in outs]))
+                for msg in frames.feed(frame):
+                    for d in msg.outputs:
+                        assembler.apply(d)
+                per_step.append(time.perf_counter() - t0)
+            done += 128
+        us = statistics.median(per_step) * 1e6
+        result[f"batch{batch}_us_per_step"] = us
+        result[f"batch{batch}_us_per_token"] = us / batch
+    return result
+
+
 def _start(repo: Path, model: str, env: dict[str, str], port: int, log: Path) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "tandem", "serve", model, "--port", str(port), "--host",
            "127.0.0.1", "--max-model-len", "1024", "--disable-log-stats",
@@ -170,12 +208,17 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--port", type=int, default=8471)
     p.add_argument("--skip-offline", action="store_true")
+    p.add_argument("--channel-only", action="store_true", help="only the channel's CPU cost")
     p.add_argument("--output-json", default=None)
     args = p.parse_args()
     cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
                 if line.startswith("model name")), "unknown")
     result: dict[str, Any] = {"cpu": cpu, "cores": os.cpu_count(), "model": args.model,
                               "repo": args.repo, "servers": {}}
+    result["channel"] = channel_cost()
+    print("channel:", json.dumps(result["channel"]), flush=True)
+    if args.channel_only:
+        return
     if not args.skip_offline:
         result["offline"] = offline(args.model, args.rounds)
         print("offline:", json.dumps({k: v for k, v in result["offline"].items()

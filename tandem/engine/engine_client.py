@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
-from typing import AsyncIterator, Union
+from typing import Any, AsyncIterator, Callable, Optional, Union
 
 from tandem.metrics import AnyMetric
 from tandem.outputs import RequestOutput
@@ -24,7 +24,33 @@ class EngineDeadError(RuntimeError):
 
 
 class EngineClient(abc.ABC):
-    """The requests side shared by both engines."""
+    """What the server uses of an engine. Read-only after construction: the tokenizer, the
+    limits and the sampling defaults (safe to use from the event loop), and `grammars`, a
+    thread-safe grammar cache for checking structured-output requests in worker threads (or
+    None). `accepting` turns False when the server starts shutting down (new requests: 503);
+    `on_dead` is called once should the engine die."""
+
+    tokenizer: Any
+    max_model_len: int
+    vocab_size: int
+    sampling_defaults: dict
+    grammars: Any
+    accepting: bool
+    on_dead: Optional[Callable[[], None]]
+
+    @property
+    @abc.abstractmethod
+    def is_running(self) -> bool:
+        """False once the engine died or was shut down."""
+
+    @property
+    @abc.abstractmethod
+    def num_in_flight(self) -> int:
+        """Requests added and not yet finished, failed or aborted."""
+
+    @abc.abstractmethod
+    def shutdown(self, timeout: float = 5.0) -> None:
+        """Stop the engine (and any worker processes)."""
 
     @abc.abstractmethod
     async def add_request(self, request_id: str, prompt: Union[str, list[int]],
