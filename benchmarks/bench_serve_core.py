@@ -37,7 +37,8 @@ ROOT = Path(__file__).resolve().parents[1]
 SMOLLM2 = "HuggingFaceTB/SmolLM2-135M-Instruct"
 PROMPT = "Write a long story about a robot who learns to paint."
 # 20 tokens with SmolLM2's tokenizer (checked when the run starts)
-PROMPT20 = "The history of the city begins in the early days when farmers and traders came"
+PROMPT20 = ("The history of the city begins in the early days when farmers and traders came to the "
+            "wide river valley")
 
 
 def _median(fn: Callable[[], float], rounds: int) -> tuple[float, list[float]]:

@@ -11,7 +11,7 @@ import os
 import socket
 import sys
 import time
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 from tandem.entrypoints.openai.args import (ArgumentError, engine_kwargs, make_serve_parser,
                                             one_line, parse_serve_args, print_error_and_exit,
@@ -105,11 +105,14 @@ def serve(argv: Sequence[str], launch_time: float) -> None:
             sys.exit(run_worker_node(config))
         sock = bind_socket(args.host, args.port)  # before the weights load: fail fast
         mc = config.model_config
-        tokenizer = load_tokenizer(mc)
-        engine = EngineCoreClient.launch(
-            config, not args.disable_log_stats, engine_openmp_env(), tokenizer,
-            sampling_defaults(mc.model_dir, config.generation_config),
-            GrammarCompiler(tokenizer, mc.vocab_size))
+
+        def load_frontend() -> tuple[Any, dict, Any]:  # this process's part of the model
+            tokenizer = load_tokenizer(mc)
+            return (tokenizer, sampling_defaults(mc.model_dir, config.generation_config),
+                    GrammarCompiler(tokenizer, mc.vocab_size))
+
+        engine = EngineCoreClient.launch(config, not args.disable_log_stats,
+                                         engine_openmp_env(), load_frontend)
     except (EngineStartupError, *STARTUP_ERRORS) as e:
         print_error_and_exit(one_line(e), 1)
     run_server(args, engine, chat_template, launch_time, sock)

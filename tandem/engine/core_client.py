@@ -83,9 +83,11 @@ class EngineCoreClient(EngineClient):
     # ---- start-up ----------------------------------------------------------------------------
 
     @classmethod
-    def launch(cls, config: Any, log_stats: bool, env: dict[str, str], tokenizer: Any,
-               sampling_defaults: dict, grammars: Any = None) -> EngineCoreClient:
-        """Start the engine core process and wait until it serves; raises EngineStartupError."""
+    def launch(cls, config: Any, log_stats: bool, env: dict[str, str],
+               load_frontend: Callable[[], tuple[Any, dict, Any]]) -> EngineCoreClient:
+        """Start the engine core process and wait until it serves; raises EngineStartupError.
+        `load_frontend` gives (tokenizer, sampling defaults, grammar cache) for this process: it
+        is called while the engine process loads, which it overlaps."""
         ours, theirs = socket.socketpair()
         process = subprocess.Popen(
             [sys.executable, "-m", "tandem.engine.core_process", "--fd", str(theirs.fileno())],
@@ -94,6 +96,7 @@ class EngineCoreClient(EngineClient):
         logger.info("engine core process %d started", process.pid)
         try:
             ours.sendall(encode_frame((config, log_stats)))
+            tokenizer, sampling_defaults, grammars = load_frontend()
             ready = _wait_ready(ours, process)
         except BaseException:
             ours.close()
