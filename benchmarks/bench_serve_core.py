@@ -82,8 +82,8 @@ def channel_cost(steps: int = 2000) -> dict[str, float]:
     unpickling, rebuilding the cumulative outputs), for 1 and 16 requests of 128 tokens with
     logprobs off: microseconds per step and per token. (The socket's two syscalls per step come
     on top: a few microseconds.)"""
-    from tandem.engine.core_messages import (DeltaEncoder, EngineCoreOutputs, FrameBuffer,
-                                             OutputAssembler, encode_frame)
+    from tandem.engine.core_messages import EngineCoreOutputs, FrameBuffer, encode_frame
+    from tandem.engine.output_deltas import DeltaEncoder, OutputAssembler
     from tandem.outputs import CompletionOutput, RequestOutput
     result = {}
     for batch in (1, 16):

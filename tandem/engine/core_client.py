@@ -10,7 +10,7 @@ are written through the same transport, which never blocks the loop.
 Tokenization, chat templates, grammar checks and the HTTP edge stay here; detokenization and
 stop strings stay in the engine core, where the scheduler checks a stop string after each token,
 so a request stops exactly where it would offline. The engine's outputs come back as deltas
-(`core_messages`), rebuilt here into the same cumulative `RequestOutput`s.
+(`output_deltas`), rebuilt here into the same cumulative `RequestOutput`s.
 
 If the engine process dies, or says it cannot go on, every request in flight ends with
 `EngineDeadError` (a 503), /health turns 503, and `on_dead` is called (the server exits 1).
@@ -28,8 +28,9 @@ import sys
 from typing import Any, Callable, Optional, Union
 
 from tandem.engine.core_messages import (AbortRequests, AddRequest, EngineCoreOutputs,
-                                         FrameBuffer, OutputAssembler, Ready, Shutdown,
-                                         StartupFailed, UtilityCall, encode_frame)
+                                         FrameBuffer, Ready, Shutdown, StartupFailed,
+                                         UtilityCall, encode_frame)
+from tandem.engine.output_deltas import OutputAssembler
 from tandem.engine.engine_client import EngineClient, EngineDeadError, EngineStepError
 from tandem.metrics import AnyMetric, with_vllm_names
 from tandem.sampling_params import SamplingParams

@@ -31,9 +31,10 @@ from typing import Any, Optional
 
 from tandem.distributed.errors import WorkerDiedError
 from tandem.engine.core_messages import (AbortRequests, AddRequest, AddResult, ClientMessage,
-                                         DeltaEncoder, EngineCoreOutputs, FrameBuffer,
-                                         OutputDelta, Ready, Shutdown, StartupFailed,
-                                         UtilityCall, UtilityResult, encode_frame)
+                                         EngineCoreOutputs, FrameBuffer, Ready, Shutdown,
+                                         StartupFailed, UtilityCall, UtilityResult,
+                                         encode_frame)
+from tandem.engine.output_deltas import DeltaEncoder, OutputDelta
 from tandem.engine.engine_metrics import stats_line
 
 logger = logging.getLogger("tandem.engine_core")

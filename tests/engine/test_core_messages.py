@@ -7,10 +7,10 @@ import copy
 
 import pytest
 
-from tandem.engine.core_messages import (AbortRequests, AddRequest, AddResult, DeltaEncoder,
-                                         EngineCoreOutputs, FrameBuffer, OutputAssembler,
-                                         OutputDelta, Ready, Shutdown, StartupFailed,
-                                         UtilityCall, UtilityResult, encode_frame)
+from tandem.engine.core_messages import (AbortRequests, AddRequest, AddResult,
+                                         EngineCoreOutputs, FrameBuffer, Ready, Shutdown,
+                                         StartupFailed, UtilityCall, UtilityResult, encode_frame)
+from tandem.engine.output_deltas import DeltaEncoder, OutputAssembler, OutputDelta
 from tandem.metrics import Histogram, Metric, Vector
 from tandem.outputs import CompletionOutput, Logprob, RequestOutput, SpecDecodeRequestStats
 from tandem.sampling_params import SamplingParams
