@@ -7,11 +7,13 @@ model, in one run.
   request of 128 tokens, 16 concurrent streams of 64 tokens, the time to first token of a
   20-token prompt; each as a ratio to the offline figure.
 
-Every figure is the median of --rounds. The client (httpx, in this process) shares the machine's
-cores with the server: on a 2-core machine it takes time from the server it measures.
+Round by round, each served figure is measured right after its offline one (the offline engine
+lives in this process, idle while the server is measured); the figures and the ratios are the
+medians over --rounds. The client (httpx, in this process) shares the machine's cores with the
+server: on a 2-core machine it takes time from the server it measures.
 
   python benchmarks/bench_serve_core.py --config default --config OMP_WAIT_POLICY=PASSIVE
-  python benchmarks/bench_serve_core.py --repo /tmp/old-tandem --config OMP_WAIT_POLICY=PASSIVE
+  python benchmarks/bench_serve_core.py --repo /tmp/old-tandem  # another checkout's server
 
 A --config is `default` (what `tandem serve` sets) or VAR=VALUE[,VAR=VALUE] for the server's
 environment (the engine process inherits what the user set). --repo serves another checkout (for
@@ -21,6 +23,8 @@ a before/after).
 from __future__ import annotations
 
 import argparse
+import gc
+import itertools
 import json
 import os
 import statistics
@@ -36,45 +40,56 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 SMOLLM2 = "HuggingFaceTB/SmolLM2-135M-Instruct"
 PROMPT = "Write a long story about a robot who learns to paint."
-# 20 tokens with SmolLM2's tokenizer (checked when the run starts)
-PROMPT20 = ("The history of the city begins in the early days when farmers and traders came to the "
+# 20 tokens with SmolLM2's tokenizer whatever the first word (checked when the run starts); each
+# time-to-first-token measurement takes a new first word, so no prefix-cache hit shortens it.
+PROMPT20 = ("{} history of the city begins in the early days when farmers and traders came to the "
             "wide river valley")
+FIRST_WORDS = itertools.cycle(["The", "A", "One", "That", "My", "His", "Her", "Their", "Its",
+                               "Our", "This", "Every", "No", "So", "And", "But", "Yet", "Then",
+                               "Now", "Old"])
 
 
-def _median(fn: Callable[[], float], rounds: int) -> tuple[float, list[float]]:
-    values = [fn() for _ in range(rounds)]
-    return statistics.median(values), values
+class Offline:
+    """The offline engine's figures, one measurement per call."""
 
+    def __init__(self, model: str, max_model_len: int) -> None:
+        from tandem import LLM, SamplingParams
+        self.params = SamplingParams
+        self.llm = LLM(model=model, max_model_len=max_model_len)
+        tokenizer = self.llm.get_tokenizer()
+        self.prompt20_tokens = sorted({len(tokenizer(PROMPT20.format(w)).input_ids)
+                                       for w in itertools.islice(FIRST_WORDS, 20)})
+        self.one()  # warm-up
+        # As the engine process does after loading: the start-up heap (torch, transformers, the
+        # model) out of the collector's full passes, which otherwise land inside generate().
+        gc.collect()
+        gc.freeze()
 
-def offline(model: str, rounds: int) -> dict[str, Any]:
-    from tandem import LLM, SamplingParams
-    llm = LLM(model=model, max_model_len=1024)
-    n20 = len(llm.get_tokenizer()(PROMPT20).input_ids)
-    greedy = SamplingParams(temperature=0, max_tokens=128, ignore_eos=True)
-    llm.generate([PROMPT], greedy, use_tqdm=False)  # warm-up
-
-    def one() -> float:
+    def one(self) -> float:
+        greedy = self.params(temperature=0, max_tokens=128, ignore_eos=True)
         t0 = time.perf_counter()
-        out = llm.generate([PROMPT], greedy, use_tqdm=False)
+        out = self.llm.generate([PROMPT], greedy, use_tqdm=False)
         return len(out[0].outputs[0].token_ids) / (time.perf_counter() - t0)
 
-    def sixteen() -> float:
-        params = SamplingParams(temperature=0, max_tokens=64, ignore_eos=True)
+    def sixteen(self) -> float:
+        params = self.params(temperature=0, max_tokens=64, ignore_eos=True)
         t0 = time.perf_counter()
-        outs = llm.generate([f"{PROMPT} ({i})" for i in range(16)], params, use_tqdm=False)
+        outs = self.llm.generate([f"{PROMPT} ({i})" for i in range(16)], params,
+                                 use_tqdm=False)
         return sum(len(o.outputs[0].token_ids) for o in outs) / (time.perf_counter() - t0)
 
-    def prefill() -> float:
+    def prefill_ms(self) -> float:
+        """One engine step over the 20-token prompt: add it, step until its first token."""
+        engine = self.llm.llm_engine
         t0 = time.perf_counter()
-        llm.generate([PROMPT20], SamplingParams(temperature=0, max_tokens=1), use_tqdm=False)
-        return (time.perf_counter() - t0) * 1000
-
-    result = {"prompt20_tokens": n20}
-    for name, fn in (("one_stream_tok_s", one), ("sixteen_tok_s", sixteen),
-                     ("prefill20_ms", prefill)):
-        result[name], result[name + "_rounds"] = _median(fn, rounds)
-    del llm
-    return result
+        engine.add_request("prefill", PROMPT20.format(next(FIRST_WORDS)),
+                           self.params(temperature=0, max_tokens=1))
+        while not any(o.outputs and o.outputs[0].token_ids for o in engine.step()):
+            pass
+        took = (time.perf_counter() - t0) * 1000
+        while engine.has_unfinished_requests():
+            engine.step()
+        return took
 
 
 def channel_cost(steps: int = 2000) -> dict[str, float]:
@@ -115,9 +130,10 @@ def channel_cost(steps: int = 2000) -> dict[str, float]:
     return result
 
 
-def _start(repo: Path, model: str, env: dict[str, str], port: int, log: Path) -> subprocess.Popen:
+def _start(repo: Path, model: str, max_model_len: int, env: dict[str, str], port: int,
+           log: Path) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "tandem", "serve", model, "--port", str(port), "--host",
-           "127.0.0.1", "--max-model-len", "1024", "--disable-log-stats",
+           "127.0.0.1", "--max-model-len", str(max_model_len), "--disable-log-stats",
            "--uvicorn-log-level", "warning", "--disable-uvicorn-access-log"]
     full_env = {**os.environ, "PYTHONPATH": str(repo), **env}
     proc = subprocess.Popen(cmd, env=full_env, stdout=log.open("w"), stderr=subprocess.STDOUT,
@@ -155,7 +171,8 @@ def _stream(client: httpx.Client, url: str, prompt: str, max_tokens: int
     return first or 0.0, time.perf_counter() - t0, tokens
 
 
-def served(url: str, rounds: int) -> dict[str, Any]:
+def served(url: str) -> dict[str, Callable[[], float]]:
+    """The server's figures, one measurement per call of each function."""
     client = httpx.Client()
     _stream(client, url, PROMPT, 16)  # warm-up
 
@@ -184,14 +201,36 @@ def served(url: str, rounds: int) -> dict[str, Any]:
             t.join()
         return sum(tokens) / (time.perf_counter() - t0)
 
-    def ttft() -> float:
-        return _stream(client, url, PROMPT20, 2)[0] * 1000
+    def ttft_ms() -> float:
+        return _stream(client, url, PROMPT20.format(next(FIRST_WORDS)), 2)[0] * 1000
 
+    return {"one_stream_tok_s": one_stream, "one_plain_tok_s": one_plain,
+            "sixteen_tok_s": sixteen, "ttft20_ms": ttft_ms}
+
+
+def compare(off: Offline, srv: dict[str, Callable[[], float]], rounds: int) -> dict[str, Any]:
+    """Round by round, each served figure right after the offline one it is divided by, so a
+    drift in the machine's load falls on both; the medians of the figures and of the ratios."""
+    pairs = [("one_stream_tok_s", off.one, "one_stream"),
+             ("one_plain_tok_s", off.one, "one_plain"),
+             ("sixteen_tok_s", off.sixteen, "sixteen"),
+             ("ttft20_ms", off.prefill_ms, "ttft")]
+    rows: dict[str, list[tuple[float, float]]] = {name: [] for _, _, name in pairs}
+    for _ in range(rounds):
+        for key, offline_fn, name in pairs:
+            base = offline_fn()
+            rows[name].append((base, srv[key]()))
     result: dict[str, Any] = {}
-    for name, fn in (("one_stream_tok_s", one_stream), ("one_plain_tok_s", one_plain),
-                     ("sixteen_tok_s", sixteen), ("ttft20_ms", ttft)):
-        result[name], result[name + "_rounds"] = _median(fn, rounds)
-    client.close()
+    for key, _, name in pairs:
+        base = [b for b, _ in rows[name]]
+        ours = [v for _, v in rows[name]]
+        result[key] = statistics.median(ours)
+        result[key + "_offline"] = statistics.median(base)
+        if name == "ttft":  # the time to first token less the offline prefill, in ms
+            result["ttft_minus_prefill_ms"] = statistics.median(v - b for b, v in rows[name])
+        else:
+            result[name + "_ratio"] = statistics.median(v / b for b, v in rows[name])
+        result[key + "_rounds"] = rows[name]
     return result
 
 
@@ -206,9 +245,9 @@ def main() -> None:
     p.add_argument("--model", default=SMOLLM2)
     p.add_argument("--config", action="append", default=None)
     p.add_argument("--repo", default=str(ROOT), help="the checkout to serve")
+    p.add_argument("--max-model-len", type=int, default=1024)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--port", type=int, default=8471)
-    p.add_argument("--skip-offline", action="store_true")
     p.add_argument("--channel-only", action="store_true", help="only the channel's CPU cost")
     p.add_argument("--output-json", default=None)
     args = p.parse_args()
@@ -220,28 +259,20 @@ def main() -> None:
     print("channel:", json.dumps(result["channel"]), flush=True)
     if args.channel_only:
         return
-    if not args.skip_offline:
-        result["offline"] = offline(args.model, args.rounds)
-        print("offline:", json.dumps({k: v for k, v in result["offline"].items()
-                                      if not k.endswith("_rounds")}), flush=True)
+    off = Offline(args.model, args.max_model_len)
+    result["prompt20_tokens"] = off.prompt20_tokens
     for config in args.config or ["default"]:
         log = Path(f"/tmp/bench_serve_core_{os.getpid()}.log")
-        proc = _start(Path(args.repo), args.model, _env(config), args.port, log)
+        proc = _start(Path(args.repo), args.model, args.max_model_len, _env(config), args.port,
+                      log)
         try:
-            s = served(f"http://127.0.0.1:{args.port}", args.rounds)
+            s = compare(off, served(f"http://127.0.0.1:{args.port}"), args.rounds)
         finally:
             proc.terminate()
             proc.wait(60)
-        off = result.get("offline")
-        if off:
-            s["ratios"] = {
-                "one_stream": s["one_stream_tok_s"] / off["one_stream_tok_s"],
-                "one_plain": s["one_plain_tok_s"] / off["one_stream_tok_s"],
-                "sixteen": s["sixteen_tok_s"] / off["sixteen_tok_s"],
-                "ttft_minus_prefill_ms": s["ttft20_ms"] - off["prefill20_ms"]}
         result["servers"][config] = s
-        print(f"{config}:", json.dumps({k: v for k, v in s.items() if not k.endswith("_rounds")}),
-              flush=True)
+        print(f"{config}:", json.dumps({k: round(v, 3) for k, v in s.items()
+                                        if not k.endswith("_rounds")}), flush=True)
     if args.output_json:
         Path(args.output_json).write_text(json.dumps(result, indent=2))
 

@@ -7,7 +7,6 @@ and argument errors answer at once.
 from __future__ import annotations
 
 import logging
-import os
 import socket
 import sys
 import time
@@ -63,19 +62,17 @@ def bind_socket(host: Optional[str], port: int) -> socket.socket:
     return sock
 
 
-# The engine core runs in a process of its own (engine/core_process.py), and nothing in the API
-# process runs OpenMP, so the engine's OpenMP threads (torch's pool, which our kernels share) no
-# longer wait passively for the event loop's sake: OMP_WAIT_POLICY=PASSIVE, which `tandem serve`
-# set while the engine shared the loop's process, halved the offline engine's single-stream rate.
-# libgomp's default (spin a while, then sleep) until measured otherwise (docs/performance.md).
-# Variables the user set are kept.
-ENGINE_OPENMP_ENV: dict[str, str] = {}
-
-
-def engine_openmp_env(environ: Optional[dict[str, str]] = None) -> dict[str, str]:
-    """The OpenMP variables `tandem serve` gives its engine core process: ours, unless set."""
-    environ = dict(os.environ if environ is None else environ)
-    return {k: v for k, v in ENGINE_OPENMP_ENV.items() if k not in environ}
+# OpenMP: `tandem serve` sets nothing. While the engine stepped in the event loop's process it set
+# OMP_WAIT_POLICY=PASSIVE, so that spinning OpenMP threads would not starve the loop. The engine
+# core has a process of its own now (engine/core_process.py) and the API process runs no OpenMP,
+# so the engine's threads (torch's pool, which our kernels share) wait as libgomp does by default:
+# spin a while after each parallel region, then sleep. Measured on an AMD EPYC (family 25 model
+# 17, 2 cores) serving SmolLM2-135M (docs/performance.md), against the default: PASSIVE gave
+# 0.72-0.76x the single-stream rate and 0.75-0.97x at 16 streams; ACTIVE about the same as the
+# default while serving, but an idle server then spins a core forever (an offline engine beside it
+# ran at 0.3x); a shorter spin (GOMP_SPINCOUNT=20000) 0.9x; threads pinned to cores
+# (OMP_PROC_BIND=close, OMP_PLACES=cores) 0.76x and 0.73x. What the user sets reaches the engine
+# process unchanged.
 
 
 def serve(argv: Sequence[str], launch_time: float) -> None:
@@ -111,8 +108,7 @@ def serve(argv: Sequence[str], launch_time: float) -> None:
             return (tokenizer, sampling_defaults(mc.model_dir, config.generation_config),
                     GrammarCompiler(tokenizer, mc.vocab_size))
 
-        engine = EngineCoreClient.launch(config, not args.disable_log_stats,
-                                         engine_openmp_env(), load_frontend)
+        engine = EngineCoreClient.launch(config, not args.disable_log_stats, load_frontend)
     except (EngineStartupError, *STARTUP_ERRORS) as e:
         print_error_and_exit(one_line(e), 1)
     run_server(args, engine, chat_template, launch_time, sock)

@@ -1,8 +1,8 @@
 """EngineCoreClient: the API process's side of the engine core process, with the interface of
 `AsyncLLMEngine`, so `entrypoints/` does not know where the engine runs.
 
-`launch` starts `python -m tandem.engine.core_process` with the OpenMP settings chosen for it
-(`openmp_env`), sends it the configuration and waits for `Ready`. `start`, on the server's event
+`launch` starts `python -m tandem.engine.core_process`, sends it the configuration and waits for
+`Ready`. `start`, on the server's event
 loop, then reads the channel through an asyncio protocol: no thread, and each message (one per
 engine step) is decoded and dispatched by the loop as soon as it is readable. Requests and aborts
 are written through the same transport, which never blocks the loop.
@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import os
 import socket
 import subprocess
 import sys
@@ -84,7 +83,7 @@ class EngineCoreClient(EngineClient):
     # ---- start-up ----------------------------------------------------------------------------
 
     @classmethod
-    def launch(cls, config: Any, log_stats: bool, env: dict[str, str],
+    def launch(cls, config: Any, log_stats: bool,
                load_frontend: Callable[[], tuple[Any, dict, Any]]) -> EngineCoreClient:
         """Start the engine core process and wait until it serves; raises EngineStartupError.
         `load_frontend` gives (tokenizer, sampling defaults, grammar cache) for this process: it
@@ -92,7 +91,7 @@ class EngineCoreClient(EngineClient):
         ours, theirs = socket.socketpair()
         process = subprocess.Popen(
             [sys.executable, "-m", "tandem.engine.core_process", "--fd", str(theirs.fileno())],
-            pass_fds=[theirs.fileno()], env={**os.environ, **env})
+            pass_fds=[theirs.fileno()])  # this environment, OpenMP's variables included
         theirs.close()
         logger.info("engine core process %d started", process.pid)
         try:
