@@ -68,11 +68,11 @@ def bind_socket(host: Optional[str], port: int) -> socket.socket:
 # so the engine's threads (torch's pool, which our kernels share) wait as libgomp does by default:
 # spin a while after each parallel region, then sleep. Measured on an AMD EPYC (family 25 model
 # 17, 2 cores) serving SmolLM2-135M (docs/performance.md), against the default: PASSIVE gave
-# 0.72-0.76x the single-stream rate and 0.75-0.97x at 16 streams; ACTIVE about the same as the
-# default while serving, but an idle server then spins a core forever (an offline engine beside it
-# ran at 0.3x); a shorter spin (GOMP_SPINCOUNT=20000) 0.9x; threads pinned to cores
-# (OMP_PROC_BIND=close, OMP_PLACES=cores) 0.76x and 0.73x. What the user sets reaches the engine
-# process unchanged.
+# 0.68-0.76x the single-stream rate and 0.78-0.97x at 16 streams; a shorter spin
+# (GOMP_SPINCOUNT=20000) 0.91x and 0.97x; threads pinned to cores (OMP_PROC_BIND=close,
+# OMP_PLACES=cores) 0.76x and 0.73x; ACTIVE 1.02x and 1.05x while serving, but an idle server
+# then spins a core forever (an offline engine run beside it fell to 0.3x its rate). What the
+# user sets reaches the engine process unchanged.
 
 
 def serve(argv: Sequence[str], launch_time: float) -> None:

@@ -20,10 +20,41 @@ from tandem.bench.common import add_prompt_args, load_prompts, pyplot, summary, 
 
 async def _one(client: Any, url: str, body: dict[str, Any], headers: dict[str, str]
                ) -> dict[str, Any]:
+    import httpx
+    for attempt in range(_ATTEMPTS):
+        try:
+            result = await _timed(client, url, body, headers)
+            result["retries"] = attempt
+            return result
+        except _NoResponse as e:
+            # A server that closes a kept-alive connection as the next request goes out on it
+            # (llama-server after a few requests) answered nothing: send it again, counted.
+            if attempt + 1 == _ATTEMPTS:
+                raise RuntimeError(f"{url}: no response in {_ATTEMPTS} attempts: {e}") from e
+        except httpx.HTTPError as e:  # say which server, when two are measured
+            raise RuntimeError(f"{url}: {type(e).__name__}: {e}") from e
+    raise AssertionError("unreachable")
+
+
+_ATTEMPTS = 3
+
+
+class _NoResponse(Exception):
+    """The connection closed before any response arrived."""
+
+
+async def _timed(client: Any, url: str, body: dict[str, Any], headers: dict[str, str]
+                 ) -> dict[str, Any]:
+    import httpx
     t0 = time.perf_counter()
     stamps: list[float] = []
     tokens = 0
-    async with client.stream("POST", url, json=body, headers=headers, timeout=600) as r:
+    request = client.build_request("POST", url, json=body, headers=headers, timeout=600)
+    try:
+        r = await client.send(request, stream=True)  # returns once the headers arrived
+    except httpx.RemoteProtocolError as e:
+        raise _NoResponse(str(e)) from e
+    try:
         if r.status_code != 200:
             raise RuntimeError(f"{url} answered {r.status_code}: {(await r.aread())[:300]!r}")
         async for line in r.aiter_lines():
@@ -36,6 +67,8 @@ async def _one(client: Any, url: str, body: dict[str, Any], headers: dict[str, s
                 tokens = chunk["usage"]["completion_tokens"]
             if any(c.get("text") for c in chunk.get("choices", [])):
                 stamps.append(time.perf_counter())
+    finally:
+        await r.aclose()
     end = time.perf_counter()
     # A server that sends no usage (some peers ignore stream_options) is counted by its chunks,
     # one token each, as llama-server streams them.
@@ -69,6 +102,7 @@ async def _level(base_url: str, model: str, prompts: list[str], concurrency: int
     tokens = sum(r["tokens"] for r in results)
     return {"concurrency": concurrency, "requests": len(results), "seconds": seconds,
             "tokens_counted_by": "usage" if all(r["usage"] for r in results) else "chunks",
+            "retries": sum(r["retries"] for r in results),
             "output_tokens_per_s": tokens / seconds, "requests_per_s": len(results) / seconds,
             "ttft": summary([r["ttft"] for r in results]),
             "itl": summary([g for r in results for g in r["gaps"]])}

@@ -26,7 +26,7 @@ def test_bench_serve_levels_and_peer_ratios(server: ServerProcess, tmp_path: Pat
         for lv in levels:
             assert lv["requests"] == 3 and lv["output_tokens_per_s"] > 0
             assert lv["ttft"]["median_ms"] > 0 and lv["itl"]["median_ms"] > 0
-            assert lv["tokens_counted_by"] == "usage"
+            assert lv["tokens_counted_by"] == "usage" and lv["retries"] == 0
     for ratio, ours, theirs in zip(result["ratios"], result["levels"],
                                    result["peer"]["levels"]):
         assert ratio["output_tokens_per_s"] == \
