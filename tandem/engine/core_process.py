@@ -36,12 +36,14 @@ from tandem.engine.core_messages import (AbortRequests, AddRequest, AddResult, C
                                          encode_frame)
 from tandem.engine.output_deltas import DeltaEncoder, OutputDelta
 from tandem.engine.engine_metrics import stats_line
+from tandem.engine.grammar_admission import GrammarAdmission
 
 logger = logging.getLogger("tandem.engine_core")
 
 _IDLE_WAIT_S = 0.1        # how long an idle loop waits for a command before checking its workers
 _COMMANDS_PER_STEP = 64   # commands taken between two steps while generating
 _METRICS_INTERVAL_S = 0.05  # a metrics snapshot at least this often while generating
+_GRAMMAR_POLL_S = 0.005   # how often an idle loop looks for a grammar compiled in the background
 _RECV_BYTES = 1 << 20
 
 
@@ -69,6 +71,7 @@ class EngineCore:
         self._log_stats = log_stats
         self._log_interval_s = log_interval_s
         self._last_metrics = 0.0
+        self._grammar_wait = GrammarAdmission(getattr(engine, "grammars", None))
 
     # ---- the channel -------------------------------------------------------------------------
 
@@ -96,19 +99,30 @@ class EngineCore:
 
     # ---- commands ----------------------------------------------------------------------------
 
+    def _add(self, msg: AddRequest, out: EngineCoreOutputs,
+             error: Optional[BaseException] = None) -> None:
+        try:
+            if error is not None:
+                raise error
+            if msg.request_id in self._live or msg.request_id in self._grammar_wait:
+                raise ValueError(f"duplicate request id {msg.request_id!r}")
+            self.engine.add_request(msg.request_id, msg.prompt, msg.params)
+        except Exception as e:  # ValueError for bad input; anything else still goes back
+            out.added.append(AddResult(msg.request_id, type(e).__name__, str(e)))
+            return
+        self._live.add(msg.request_id)
+        out.added.append(AddResult(msg.request_id))
+
     def _handle(self, msg: ClientMessage, out: EngineCoreOutputs) -> None:
         if isinstance(msg, AddRequest):
-            try:
-                if msg.request_id in self._live:
-                    raise ValueError(f"duplicate request id {msg.request_id!r}")
-                self.engine.add_request(msg.request_id, msg.prompt, msg.params)
-            except Exception as e:  # ValueError for bad input; anything else still goes back
-                out.added.append(AddResult(msg.request_id, type(e).__name__, str(e)))
-                return
-            self._live.add(msg.request_id)
-            out.added.append(AddResult(msg.request_id))
+            if self._grammar_wait.needs_wait(msg) and msg.request_id not in self._grammar_wait:
+                self._grammar_wait.submit(msg)  # admitted by _loop once its grammar is ready
+            else:
+                self._add(msg, out)
         elif isinstance(msg, AbortRequests):
             for request_id in msg.request_ids:
+                if self._grammar_wait.abort(request_id):
+                    continue  # it never reached the engine
                 if request_id in self._live:
                     self._live.discard(request_id)
                     self._encoder.forget(request_id)
@@ -148,6 +162,7 @@ class EngineCore:
         return 0
 
     def _shutdown_engine(self) -> None:
+        self._grammar_wait.shutdown()
         stop = getattr(self.engine, "shutdown", None)
         if stop is not None:
             try:
@@ -163,9 +178,13 @@ class EngineCore:
                 raise WorkerDiedError(failure)
             busy = bool(self._live) and self.engine.has_unfinished_requests()
             if not self._inbox or not busy:
-                self._read(0.0 if busy or self._inbox else _IDLE_WAIT_S)
+                idle_wait = _GRAMMAR_POLL_S if self._grammar_wait else _IDLE_WAIT_S
+                self._read(0.0 if busy or self._inbox else idle_wait)
             out = EngineCoreOutputs()
             handled = 0
+            for msg, error in self._grammar_wait.ready():
+                self._add(msg, out, error)
+                handled += 1
             while self._inbox and (not busy or handled < _COMMANDS_PER_STEP):
                 self._handle(self._inbox.popleft(), out)
                 handled += 1

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import threading
+import time
 from typing import Any, Iterator
 
 import pytest
@@ -18,12 +19,23 @@ from tandem.engine.core_client import EngineCoreClient
 from tandem.engine.core_messages import Ready
 from tandem.engine.core_process import EngineCore
 from tandem.engine.engine_client import EngineDeadError, EngineStepError
+from tandem.sample.structured_params import StructuredOutputsParams
 from tandem.sampling_params import SamplingParams
 
 
 class _Pair:
-    def __init__(self, tokenizer: Any) -> None:
+    def __init__(self, tokenizer: Any, grammars: Any = None) -> None:
         self.fake = FakeEngine(tokenizer, max_model_len=64, spec_k=2)
+        if grammars is not None:  # the fake then compiles in add_request, as LLMEngine does
+            self.fake.grammars = grammars
+            add = self.fake.add_request
+
+            def add_compiling(request_id: str, prompt: Any, params: SamplingParams) -> None:
+                if params.structured_outputs is not None:
+                    grammars.prototype(params.structured_outputs)
+                add(request_id, prompt, params)
+
+            self.fake.add_request = add_compiling
         ours, theirs = socket.socketpair()
         self.core = EngineCore(self.fake, theirs)
         self.exit_code: list[int] = []
@@ -151,3 +163,55 @@ def test_a_closed_channel_is_a_dead_engine(pair: _Pair) -> None:
 
     asyncio.run(run())
     assert pair.dead_calls == [True] and not pair.client.is_running
+
+
+class _SlowGrammars:
+    """A grammar compiler that takes its time on first use (as llguidance does), then caches."""
+
+    def __init__(self) -> None:
+        self.cache: dict[str, object] = {}
+
+    def prototype(self, spec: StructuredOutputsParams) -> object:
+        if spec.key() in self.cache:
+            return self.cache[spec.key()]
+        time.sleep(0.4)
+        if spec.choice == ["bad"]:
+            raise ValueError("structured_outputs.choice cannot be compiled: bad")
+        return self.cache.setdefault(spec.key(), object())
+
+
+def test_a_grammar_compiles_off_the_loop_while_others_stream(tokenizer: Any) -> None:
+    pair = _Pair(tokenizer, grammars=_SlowGrammars())
+    pair.fake.step_delay = 0.01
+
+    async def run() -> tuple[int, bool]:
+        await pair.client.start()
+        stream = await pair.client.add_request("plain", [5, 6], SamplingParams(
+            max_tokens=60, ignore_eos=True))
+        seen = 0
+
+        async def read() -> None:
+            nonlocal seen
+            async for _ in pair.client.iterate("plain", stream):
+                seen += 1
+
+        reader = asyncio.ensure_future(read())
+        await asyncio.sleep(0.05)
+        before = seen
+        structured = SamplingParams(max_tokens=3, structured_outputs=StructuredOutputsParams(
+            choice=["yes", "no"]))
+        outs = await _collect(pair.client, [5, 6], structured, "structured")  # waits 0.4 s
+        during = seen - before
+        with pytest.raises(ValueError, match="cannot be compiled"):
+            await pair.client.add_request("bad", [5], SamplingParams(
+                structured_outputs=StructuredOutputsParams(choice=["bad"])))
+        await reader
+        return during, outs[-1].finished
+
+    try:
+        during, finished = asyncio.run(run())
+    finally:
+        pair.client.shutdown()
+        pair.thread.join(5)
+    assert finished
+    assert during >= 5, during  # the plain stream kept going while the grammar compiled
