@@ -7,11 +7,10 @@ and argument errors answer at once.
 from __future__ import annotations
 
 import logging
-import os
 import socket
 import sys
 import time
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 from tandem.entrypoints.openai.args import (ArgumentError, engine_kwargs, make_serve_parser,
                                             one_line, parse_serve_args, print_error_and_exit,
@@ -31,7 +30,7 @@ def _usage() -> str:
     return "\n".join(lines)
 
 
-def _setup_logging() -> None:
+def setup_logging() -> None:
     handler = logging.StreamHandler()
     handler.setFormatter(logging.Formatter("%(levelname)s %(asctime)s [%(name)s] %(message)s",
                                            "%H:%M:%S"))
@@ -63,17 +62,20 @@ def bind_socket(host: Optional[str], port: int) -> socket.socket:
     return sock
 
 
-# The engine's OpenMP threads (torch's pool, which our kernels share) otherwise spin for a while
-# after each parallel region, on the cores the event loop and the engine thread need. On 2 cores
-# /health and /metrics then took up to 180 ms to answer while 16 streams ran (under 100 ms with
-# passive waits), and serving SmolLM2 produced 1.04-1.48x the tokens/s with passive waits, at 1
-# and at 16 streams (three runs each, docs/performance.md). libgomp reads this when torch loads, so
-# it is set before; a value the user set is kept.
-SERVE_OMP_WAIT_POLICY = "PASSIVE"
+# OpenMP: `tandem serve` sets nothing. While the engine stepped in the event loop's process it set
+# OMP_WAIT_POLICY=PASSIVE, so that spinning OpenMP threads would not starve the loop. The engine
+# core has a process of its own now (engine/core_process.py) and the API process runs no OpenMP,
+# so the engine's threads (torch's pool, which our kernels share) wait as libgomp does by default:
+# spin a while after each parallel region, then sleep. Measured on an AMD EPYC (family 25 model
+# 17, 2 cores) serving SmolLM2-135M (docs/performance.md), against the default: PASSIVE gave
+# 0.68-0.76x the single-stream rate and 0.78-0.97x at 16 streams; a shorter spin
+# (GOMP_SPINCOUNT=20000) 0.91x and 0.97x; threads pinned to cores (OMP_PROC_BIND=close,
+# OMP_PLACES=cores) 0.76x and 0.73x; ACTIVE 1.02x and 1.05x while serving, but an idle server
+# then spins a core forever (an offline engine run beside it fell to 0.3x its rate). What the
+# user sets reaches the engine process unchanged.
 
 
 def serve(argv: Sequence[str], launch_time: float) -> None:
-    os.environ.setdefault("OMP_WAIT_POLICY", SERVE_OMP_WAIT_POLICY)
     if any(a in ("-h", "--help") for a in argv):
         make_serve_parser().print_help()
         return
@@ -81,15 +83,17 @@ def serve(argv: Sequence[str], launch_time: float) -> None:
         args = parse_serve_args(argv)
     except ArgumentError as e:
         print_error_and_exit(str(e), 2)
-    _setup_logging()
+    setup_logging()
     from tandem.entrypoints.openai.serve_flags import log_notes
     log_notes(args.compat_notes)
     from tandem.config import EngineConfig
     from tandem.distributed.node import run_worker_node
-    from tandem.engine.async_engine import AsyncLLMEngine
-    from tandem.engine.llm_engine import LLMEngine
+    from tandem.engine.core_client import EngineCoreClient, EngineStartupError
     from tandem.entrypoints.chat_utils import load_chat_template
     from tandem.entrypoints.openai.api_server import run_server
+    from tandem.loader.generation_config import sampling_defaults
+    from tandem.loader.tokenizer import load_tokenizer
+    from tandem.sample.grammar import GrammarCompiler
     try:
         chat_template = load_chat_template(args.chat_template)
         kwargs = engine_kwargs(args)
@@ -97,8 +101,15 @@ def serve(argv: Sequence[str], launch_time: float) -> None:
         if config.parallel_config.node_rank > 0:  # workers only: node 0 serves
             sys.exit(run_worker_node(config))
         sock = bind_socket(args.host, args.port)  # before the weights load: fail fast
-        engine = AsyncLLMEngine(LLMEngine(config), log_stats=not args.disable_log_stats)
-    except STARTUP_ERRORS as e:
+        mc = config.model_config
+
+        def load_frontend() -> tuple[Any, dict, Any]:  # this process's part of the model
+            tokenizer = load_tokenizer(mc)
+            return (tokenizer, sampling_defaults(mc.model_dir, config.generation_config),
+                    GrammarCompiler(tokenizer, mc.vocab_size))
+
+        engine = EngineCoreClient.launch(config, not args.disable_log_stats, load_frontend)
+    except (EngineStartupError, *STARTUP_ERRORS) as e:
         print_error_and_exit(one_line(e), 1)
     run_server(args, engine, chat_template, launch_time, sock)
 

@@ -3,6 +3,8 @@
 Streams completions (ignore_eos, so each asks for exactly --max-tokens) with C requests in
 flight at a time; per level: time to first token, inter-token latency (gaps between streamed
 chunks), output tokens/s and requests/s. Works against tandem or any vLLM-compatible server.
+With --peer-url, the same client runs against a second server (llama-server, vLLM) at each level
+in turn, and the ratios ours/peer are printed.
 """
 
 from __future__ import annotations
@@ -18,10 +20,41 @@ from tandem.bench.common import add_prompt_args, load_prompts, pyplot, summary, 
 
 async def _one(client: Any, url: str, body: dict[str, Any], headers: dict[str, str]
                ) -> dict[str, Any]:
+    import httpx
+    for attempt in range(_ATTEMPTS):
+        try:
+            result = await _timed(client, url, body, headers)
+            result["retries"] = attempt
+            return result
+        except _NoResponse as e:
+            # A server that closes a kept-alive connection as the next request goes out on it
+            # (llama-server after a few requests) answered nothing: send it again, counted.
+            if attempt + 1 == _ATTEMPTS:
+                raise RuntimeError(f"{url}: no response in {_ATTEMPTS} attempts: {e}") from e
+        except httpx.HTTPError as e:  # say which server, when two are measured
+            raise RuntimeError(f"{url}: {type(e).__name__}: {e}") from e
+    raise AssertionError("unreachable")
+
+
+_ATTEMPTS = 3
+
+
+class _NoResponse(Exception):
+    """The connection closed before any response arrived."""
+
+
+async def _timed(client: Any, url: str, body: dict[str, Any], headers: dict[str, str]
+                 ) -> dict[str, Any]:
+    import httpx
     t0 = time.perf_counter()
     stamps: list[float] = []
     tokens = 0
-    async with client.stream("POST", url, json=body, headers=headers, timeout=600) as r:
+    request = client.build_request("POST", url, json=body, headers=headers, timeout=600)
+    try:
+        r = await client.send(request, stream=True)  # returns once the headers arrived
+    except httpx.RemoteProtocolError as e:
+        raise _NoResponse(str(e)) from e
+    try:
         if r.status_code != 200:
             raise RuntimeError(f"{url} answered {r.status_code}: {(await r.aread())[:300]!r}")
         async for line in r.aiter_lines():
@@ -34,15 +67,20 @@ async def _one(client: Any, url: str, body: dict[str, Any], headers: dict[str, s
                 tokens = chunk["usage"]["completion_tokens"]
             if any(c.get("text") for c in chunk.get("choices", [])):
                 stamps.append(time.perf_counter())
+    finally:
+        await r.aclose()
     end = time.perf_counter()
+    # A server that sends no usage (some peers ignore stream_options) is counted by its chunks,
+    # one token each, as llama-server streams them.
     return {"ttft": (stamps[0] - t0) if stamps else end - t0,
-            "gaps": [b - a for a, b in zip(stamps, stamps[1:])], "tokens": tokens}
+            "gaps": [b - a for a, b in zip(stamps, stamps[1:])], "tokens": tokens or len(stamps),
+            "usage": bool(tokens)}
 
 
 async def _level(base_url: str, model: str, prompts: list[str], concurrency: int,
-                 args: argparse.Namespace, bar: Any) -> dict[str, Any]:
+                 args: argparse.Namespace, api_key: Optional[str], bar: Any) -> dict[str, Any]:
     import httpx
-    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     queue: asyncio.Queue[str] = asyncio.Queue()
     for p in prompts:
         queue.put_nowait(p)
@@ -63,6 +101,8 @@ async def _level(base_url: str, model: str, prompts: list[str], concurrency: int
     seconds = time.perf_counter() - t0
     tokens = sum(r["tokens"] for r in results)
     return {"concurrency": concurrency, "requests": len(results), "seconds": seconds,
+            "tokens_counted_by": "usage" if all(r["usage"] for r in results) else "chunks",
+            "retries": sum(r["retries"] for r in results),
             "output_tokens_per_s": tokens / seconds, "requests_per_s": len(results) / seconds,
             "ttft": summary([r["ttft"] for r in results]),
             "itl": summary([g for r in results for g in r["gaps"]])}
@@ -74,29 +114,65 @@ def _model(base_url: str, api_key: Optional[str]) -> str:
     return httpx.get(base_url + "/models", headers=headers, timeout=30).json()["data"][0]["id"]
 
 
+def _v1(url: str) -> str:
+    url = url.rstrip("/")
+    return url if url.endswith("/v1") else url + "/v1"
+
+
+def _print_level(name: str, lv: dict[str, Any]) -> None:
+    print(f"{name}concurrency {lv['concurrency']:3d}: {lv['output_tokens_per_s']:8.1f} tok/s, "
+          f"TTFT median {lv['ttft']['median_ms']:.0f} ms, ITL median "
+          f"{lv['itl']['median_ms']:.1f} ms")
+
+
 def main(args: argparse.Namespace) -> dict[str, Any]:
     from tqdm import tqdm
-    base_url = args.base_url.rstrip("/")
-    if not base_url.endswith("/v1"):
-        base_url += "/v1"
+    base_url = _v1(args.base_url)
     model = args.served_model or _model(base_url, args.api_key)
+    peer_url = _v1(args.peer_url) if args.peer_url else None
+    peer_model = (args.peer_model or _model(peer_url, args.peer_api_key)) if peer_url else None
     prompts = load_prompts(args.prompts, args.num_prompts)
-    levels = []
-    with tqdm(total=len(prompts) * len(args.concurrency), desc="requests",
+    levels, peer_levels = [], []
+    servers = 2 if peer_url else 1
+    with tqdm(total=len(prompts) * len(args.concurrency) * servers, desc="requests",
               disable=args.no_progress) as bar:
+        # Level by level, ours then the peer's, so a drift in the machine's load falls on both.
         for c in args.concurrency:
-            levels.append(asyncio.run(_level(base_url, model, prompts, c, args, bar)))
+            levels.append(asyncio.run(_level(base_url, model, prompts, c, args, args.api_key,
+                                             bar)))
+            if peer_url:
+                peer_levels.append(asyncio.run(_level(peer_url, peer_model, prompts, c, args,
+                                                      args.peer_api_key, bar)))
     for lv in levels:
-        print(f"concurrency {lv['concurrency']:3d}: {lv['output_tokens_per_s']:8.1f} tok/s, "
-              f"TTFT median {lv['ttft']['median_ms']:.0f} ms, ITL median "
-              f"{lv['itl']['median_ms']:.1f} ms")
+        _print_level("", lv)
     result = {"benchmark": "serve", "base_url": base_url, "model": model,
               "num_prompts": len(prompts), "max_tokens": args.max_tokens, "levels": levels}
+    if peer_url:
+        for lv in peer_levels:
+            _print_level("peer ", lv)
+        result["peer"] = {"base_url": peer_url, "model": peer_model, "levels": peer_levels}
+        result["ratios"] = [_ratio(ours, theirs) for ours, theirs in zip(levels, peer_levels)]
+        for r in result["ratios"]:
+            print(f"concurrency {r['concurrency']:3d}: {r['output_tokens_per_s']:.2f}x the "
+                  f"peer's tok/s, TTFT {r['ttft_median']:.2f}x, ITL {r['itl_median']:.2f}x "
+                  "(time ratios: below 1 is faster)")
+        print("note: this client runs on the same machine as both servers, so it takes CPU time "
+              "from whichever it measures; on a 2-core machine that weighs on every figure.")
     if args.plot:
         _plot(result, args.plot)
         result["plot"] = args.plot
     write_json(args.output_json, result)
     return result
+
+
+def _ratio(ours: dict[str, Any], theirs: dict[str, Any]) -> dict[str, Any]:
+    def div(a: float, b: float) -> float:
+        return a / b if b else float("inf")
+    return {"concurrency": ours["concurrency"],
+            "output_tokens_per_s": div(ours["output_tokens_per_s"],
+                                       theirs["output_tokens_per_s"]),
+            "ttft_median": div(ours["ttft"]["median_ms"], theirs["ttft"]["median_ms"]),
+            "itl_median": div(ours["itl"]["median_ms"], theirs["itl"]["median_ms"])}
 
 
 def _plot(result: dict[str, Any], path: str) -> None:
@@ -125,6 +201,11 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--base-url", default="http://127.0.0.1:8000")
     p.add_argument("--served-model", default=None, help="model name (default: the server's)")
     p.add_argument("--api-key", default=None)
+    p.add_argument("--peer-url", default=None,
+                   help="another OpenAI-compatible server (e.g. llama-server) to run the same "
+                        "client against, level by level; prints ours/peer ratios")
+    p.add_argument("--peer-model", default=None, help="the peer's model name (default: its own)")
+    p.add_argument("--peer-api-key", default=None)
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
     p.add_argument("--plot", default=None, help="PNG file for the plot")
     p.add_argument("--no-progress", action="store_true")

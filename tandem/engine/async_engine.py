@@ -21,9 +21,11 @@ import queue
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Callable, Optional, Union
+from typing import Any, Callable, Optional, Union
 
 from tandem.distributed.errors import WorkerDiedError
+from tandem.engine.engine_metrics import stats_line
+from tandem.engine.engine_client import EngineClient, EngineDeadError, EngineStepError
 from tandem.metrics import with_vllm_names
 from tandem.outputs import RequestOutput
 from tandem.sampling_params import SamplingParams
@@ -32,14 +34,6 @@ logger = logging.getLogger("tandem.async_engine")
 
 _IDLE_WAIT_S = 0.05  # how long the thread blocks on an empty inbox before checking for shutdown
 _COMMANDS_PER_STEP = 64  # commands handled between two steps while generating
-
-
-class EngineStepError(RuntimeError):
-    """A request failed inside the engine (an HTTP 500 for that request only)."""
-
-
-class EngineDeadError(RuntimeError):
-    """The engine thread is not running."""
 
 
 @dataclass
@@ -63,7 +57,7 @@ class _Call:
     done: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
 
 
-class AsyncLLMEngine:
+class AsyncLLMEngine(EngineClient):
     def __init__(self, engine: Any, log_stats: bool = False, log_interval_s: float = 10.0,
                  on_dead: Optional[Callable[[], None]] = None) -> None:
         self.engine = engine
@@ -122,37 +116,6 @@ class AsyncLLMEngine:
             self.abort_nowait(request_id)
             raise
         return cmd.stream
-
-    async def generate(self, prompt: Union[str, list[int]], params: SamplingParams,
-                       request_id: str) -> AsyncIterator[RequestOutput]:
-        """Yield cumulative RequestOutputs until the request finishes. Leaving early (break,
-        cancellation, client disconnect) aborts the request so its KV blocks are freed."""
-        stream = await self.add_request(request_id, prompt, params)
-        outputs = self.iterate(request_id, stream)
-        try:
-            async for out in outputs:
-                yield out
-        finally:
-            await outputs.aclose()  # runs iterate's abort now, not when garbage-collected
-
-    async def iterate(self, request_id: str, stream: asyncio.Queue) -> AsyncIterator[RequestOutput]:
-        """The outputs of a request added with add_request (split out so a caller can add several
-        requests, and report a bad one, before streaming any)."""
-        finished = False
-        try:
-            while not finished:
-                item = await stream.get()
-                # Outputs are cumulative: when the consumer lags, only the newest one matters.
-                while not stream.empty() and not isinstance(item, BaseException):
-                    item = stream.get_nowait()
-                if isinstance(item, BaseException):
-                    finished = True
-                    raise item
-                finished = item.finished
-                yield item
-        finally:
-            if not finished:
-                self.abort_nowait(request_id)
 
     def abort_nowait(self, request_id: str) -> None:
         self._inbox.put(_Abort(request_id))
@@ -297,7 +260,7 @@ class AsyncLLMEngine:
             self._metrics = self._safe_metrics()
             if self._log_stats and time.monotonic() - last_log > self._log_interval_s:
                 last_log = time.monotonic()
-                self._log_stats_line()
+                logger.info(stats_line(self._metrics, len(self._streams)))
 
     def _safe_metrics(self) -> list:
         try:
@@ -312,11 +275,3 @@ class AsyncLLMEngine:
         except Exception:
             logger.exception("has_unfinished_requests failed")
             return False
-
-    def _log_stats_line(self) -> None:
-        metrics = {m.name: getattr(m, "value", None) for m in self._metrics}
-        accepted = metrics.get("tandem:spec_decode_num_accepted_tokens")
-        drafted = metrics.get("tandem:spec_decode_num_draft_tokens")
-        spec = (f", draft acceptance {accepted / drafted:.1%}"
-                if accepted is not None and drafted else "")
-        logger.info("running requests: %d%s", len(self._streams), spec)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Sequence
 
 from tandem.metrics import PREFIX, AnyMetric, Metric
 
@@ -34,3 +34,13 @@ def engine_metrics(engine: LLMEngine) -> list[AnyMetric]:
     # The vllm: copies are added where metrics are read (LLM.get_metrics, /metrics), not in the
     # snapshot the server's engine thread takes after every step.
     return metrics
+
+
+def stats_line(metrics: Sequence[AnyMetric], running: int) -> str:
+    """The periodic log line of a serving engine: requests in flight, draft acceptance."""
+    values = {m.name: getattr(m, "value", None) for m in metrics}
+    accepted = values.get(PREFIX + "spec_decode_num_accepted_tokens")
+    drafted = values.get(PREFIX + "spec_decode_num_draft_tokens")
+    spec = (f", draft acceptance {accepted / drafted:.1%}"
+            if accepted is not None and drafted else "")
+    return f"running requests: {running}{spec}"

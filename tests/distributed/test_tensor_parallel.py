@@ -140,24 +140,26 @@ def test_serve_tp2_matches_tp1_and_a_dead_worker_stops_the_server(tiny_llama, re
                       if line.startswith("data: {")]
         assert "".join(e["choices"][0]["text"] for e in events) == reference["text0"]
         assert "tandem:generation_tokens_total" in httpx.get(srv.url + "/metrics").text
-        workers = children(srv.proc.pid)
+        (engine,) = children(srv.proc.pid)  # the engine core process starts the workers
+        workers = children(engine)
         assert workers
         os.kill(workers[-1], signal.SIGKILL)
         t0 = time.monotonic()
         code = srv.proc.wait(20)
         assert code == 1 and time.monotonic() - t0 < 10
-        assert "engine loop died" in srv.log()
-        assert not [w for w in workers if _alive(w)]
+        assert "engine loop died" in srv.log() and "rank 1" in srv.log()
+        assert not [p for p in [engine, *workers] if _alive(p)]
     finally:
         stop_server(srv.proc)
 
 
 def test_ctrl_c_stops_the_server_and_its_workers(tiny_llama, tmp_path):
     srv = start_server(tiny_llama, ["--served-model-name", "tiny", "-tp", "2"], tmp_path / "log")
-    workers = children(srv.proc.pid)
+    (engine,) = children(srv.proc.pid)  # the engine core process starts the workers
+    workers = children(engine)
     srv.proc.send_signal(signal.SIGINT)
     assert srv.proc.wait(30) == 0
-    assert workers and not [w for w in workers if _alive(w)]
+    assert workers and not [p for p in [engine, *workers] if _alive(p)]
 
 
 def test_two_nodes_on_loopback_match_tp1(tiny_llama, reference, prompts, tmp_path):

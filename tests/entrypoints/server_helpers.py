@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -91,3 +92,10 @@ def stop_server(proc: subprocess.Popen) -> None:
 def client_for(srv: ServerProcess, api_key: str = "EMPTY", **kwargs: Any) -> Any:
     from openai import OpenAI
     return OpenAI(api_key=api_key, base_url=srv.base_url, max_retries=0, **kwargs)
+
+
+def engine_pid(srv: ServerProcess) -> int:
+    """The pid of the server's engine core process (from its start-up log line)."""
+    found = re.findall(r"engine core process (\d+) started", srv.log())
+    assert len(found) == 1, srv.log()
+    return int(found[0])

@@ -16,8 +16,8 @@ import pytest
 
 from entrypoints.reliability_helpers import (REL_BLOCKS, RELIABILITY, LatencyProbe, metric,
                                              post, wait_idle)
-from entrypoints.server_helpers import (API_KEY, REPO_ROOT, ServerProcess, free_port,
-                                        start_server, stop_server)
+from entrypoints.server_helpers import (API_KEY, REPO_ROOT, ServerProcess, engine_pid,
+                                        free_port, start_server, stop_server)
 
 BODY = {"prompt": "The future of AI is", "max_tokens": 8, "temperature": 0}
 
@@ -318,6 +318,7 @@ def test_sigterm_stops_admitting_finishes_in_flight_and_exits_zero(tiny_model_di
     stream.join(30)
     assert code == 0 and time.monotonic() - t0 < 20
     assert results and results[0][1] == 200 and "[DONE]" in results[0][2]  # it was let finish
+    assert not Path(f"/proc/{engine_pid(srv)}").exists()  # the engine process stopped with it
     stop_server(srv.proc)
 
 

@@ -23,7 +23,7 @@ from typing import Any, AsyncIterator, Awaitable, Optional, Sequence
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
-from tandem.engine.async_engine import AsyncLLMEngine
+from tandem.engine.engine_client import EngineClient
 from tandem.entrypoints.openai.args import tandem_version
 from tandem.entrypoints.openai.errors import OpenAIError, install_error_handlers
 from tandem.entrypoints.openai.middleware import APIKeyMiddleware, RequestCounterMiddleware
@@ -83,7 +83,7 @@ def render_metrics(metrics: Sequence[Any], model_name: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def build_app(engine: AsyncLLMEngine, served_model_names: Sequence[str],
+def build_app(engine: EngineClient, served_model_names: Sequence[str],
               chat_template: Optional[str] = None, api_keys: Optional[Sequence[str]] = None,
               model_root: Optional[str] = None, launch_time: Optional[float] = None,
               trust_request_chat_template: bool = False,
@@ -101,6 +101,7 @@ def build_app(engine: AsyncLLMEngine, served_model_names: Sequence[str],
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        await engine.start()
         if launch_time is not None:
             logger.info("tandem serve ready in %.1f s (model %s)",
                         time.perf_counter() - launch_time, names[0])
@@ -180,7 +181,7 @@ def build_app(engine: AsyncLLMEngine, served_model_names: Sequence[str],
     return counter
 
 
-def _make_server(config: Any, engine: AsyncLLMEngine) -> Any:
+def _make_server(config: Any, engine: EngineClient) -> Any:
     """uvicorn's server, told to stop admitting the moment a shutdown signal arrives. A shutdown
     asked for is a clean exit (status 0), so the signal is not re-raised afterwards as uvicorn
     would; a second Ctrl-C still forces the exit."""
@@ -198,7 +199,7 @@ def _make_server(config: Any, engine: AsyncLLMEngine) -> Any:
     return Server(config)
 
 
-def run_server(args: argparse.Namespace, engine: AsyncLLMEngine, chat_template: Optional[str],
+def run_server(args: argparse.Namespace, engine: EngineClient, chat_template: Optional[str],
                launch_time: float, sock: Any = None) -> None:
     import uvicorn
 
@@ -218,7 +219,7 @@ def run_server(args: argparse.Namespace, engine: AsyncLLMEngine, chat_template: 
     server = _make_server(config, engine)
     died: list[bool] = []
 
-    def on_dead() -> None:  # called from the engine thread; uvicorn polls should_exit
+    def on_dead() -> None:  # from the engine thread or the channel; uvicorn polls should_exit
         died.append(True)
         engine.accepting = False
         server.should_exit = True

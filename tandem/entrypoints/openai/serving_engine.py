@@ -17,7 +17,7 @@ import time
 import uuid
 from typing import Any, AsyncIterator, Optional, Sequence, Union
 
-from tandem.engine.async_engine import AsyncLLMEngine, EngineDeadError, EngineStepError
+from tandem.engine.engine_client import EngineClient, EngineDeadError, EngineStepError
 from tandem.entrypoints.openai.errors import OpenAIError
 from tandem.entrypoints.openai.request_params import RequestParams
 from tandem.outputs import RequestOutput, SpecDecodeRequestStats
@@ -59,7 +59,7 @@ class ServingOptions:
 
 
 class OpenAIServing(RequestParams):
-    def __init__(self, engine: AsyncLLMEngine, served_model_names: Sequence[str],
+    def __init__(self, engine: EngineClient, served_model_names: Sequence[str],
                  chat_template: Optional[str] = None,
                  trust_request_chat_template: bool = False, options: Any = None) -> None:
         self.engine = engine
@@ -188,6 +188,8 @@ class OpenAIServing(RequestParams):
                     remaining -= 1
                 elif isinstance(item, EngineStepError):
                     raise OpenAIError(str(item), 500) from None
+                elif isinstance(item, EngineDeadError):
+                    raise OpenAIError(str(item), 503) from None
                 elif isinstance(item, Exception):
                     raise item
                 else:

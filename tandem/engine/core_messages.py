@@ -1,0 +1,139 @@
+"""The messages between `tandem serve`'s API process and its engine core process, and their
+frames.
+
+Requests in: `AddRequest`, `AbortRequests`, `UtilityCall`, `Shutdown`. Out: `Ready` (or
+`StartupFailed`) once, then one `EngineCoreOutputs` per turn of the engine loop, carrying
+everything that turn produced: the answers to admissions, every request's new output (as deltas,
+`output_deltas.py`), a metrics snapshot when due, utility results, or why the engine died.
+Batching a step's outputs into one message keeps the channel's cost per step, not per request.
+
+Frames are a 4-byte little-endian length and a pickle of plain dataclasses (both ends are our own
+processes on one machine, over a socketpair nobody else holds).
+"""
+
+from __future__ import annotations
+
+import pickle
+import struct
+from dataclasses import dataclass, field
+from typing import Any, Optional, Union
+
+from tandem.engine.output_deltas import OutputDelta
+from tandem.sampling_params import SamplingParams
+
+HEADER = struct.Struct("<I")
+MAX_FRAME_BYTES = 1 << 31  # a frame's length must fit the 4-byte header
+
+
+# ---- requests in ------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class AddRequest:
+    request_id: str
+    prompt: Union[str, list[int]]
+    params: SamplingParams
+
+
+@dataclass(frozen=True)
+class AbortRequests:
+    request_ids: list[str]
+
+
+# The engine methods a utility call may name (no arbitrary code crosses the channel).
+UTILITY_METHODS = ("get_metrics", "num_free_kv_blocks")
+
+
+@dataclass(frozen=True)
+class UtilityCall:
+    call_id: int
+    method: str
+
+    def __post_init__(self) -> None:
+        if self.method not in UTILITY_METHODS:
+            raise ValueError(f"UtilityCall.method must be one of {UTILITY_METHODS}, "
+                             f"not {self.method!r}")
+
+
+@dataclass(frozen=True)
+class Shutdown:
+    pass
+
+
+ClientMessage = Union[AddRequest, AbortRequests, UtilityCall, Shutdown]
+
+
+# ---- outputs out ------------------------------------------------------------------------------
+
+@dataclass
+class AddResult:
+    request_id: str
+    error_type: Optional[str] = None  # "ValueError" (the client's fault: a 400) or another name
+    error: Optional[str] = None
+
+
+@dataclass
+class UtilityResult:
+    call_id: int
+    result: Any = None
+    error: Optional[str] = None
+
+
+@dataclass
+class EngineCoreOutputs:
+    added: list[AddResult] = field(default_factory=list)
+    outputs: list[OutputDelta] = field(default_factory=list)
+    metrics: Optional[list] = None     # the engine's metrics, when a snapshot is due
+    utility: list[UtilityResult] = field(default_factory=list)
+    dead: Optional[str] = None         # the engine cannot go on, and why
+
+    def __bool__(self) -> bool:
+        return bool(self.added or self.outputs or self.metrics is not None or self.utility
+                    or self.dead)
+
+
+@dataclass(frozen=True)
+class Ready:
+    """The engine core loaded its models and serves (the first message it sends)."""
+    num_blocks: int
+    metrics: list
+
+
+@dataclass(frozen=True)
+class StartupFailed:
+    """The engine core could not start; `message` is one line for the user."""
+    message: str
+
+
+# ---- frames -----------------------------------------------------------------------------------
+
+def encode_frame(message: Any) -> bytes:
+    payload = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    if len(payload) >= MAX_FRAME_BYTES:
+        raise ValueError(f"a channel message of {len(payload)} bytes is over the frame limit")
+    return HEADER.pack(len(payload)) + payload
+
+
+class FrameBuffer:
+    """Bytes in, whole messages out (a read may end anywhere inside a frame)."""
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+
+    def feed(self, data: bytes) -> list[Any]:
+        self._buf += data
+        messages = []
+        start = 0
+        while len(self._buf) - start >= HEADER.size:
+            (size,) = HEADER.unpack_from(self._buf, start)
+            end = start + HEADER.size + size
+            if len(self._buf) < end:
+                break
+            messages.append(pickle.loads(memoryview(self._buf)[start + HEADER.size:end]))
+            start = end
+        if start:
+            del self._buf[:start]
+        return messages
+
+    @property
+    def pending_bytes(self) -> int:
+        return len(self._buf)
