@@ -279,7 +279,7 @@ def test_kv_cache_dtype_and_quantization_refused_with_the_supported_values(
     model = str(tiny_model_dir)
     with pytest.raises(ValueError, match=r"kv_cache_dtype='fp8' is not supported.*\['auto'\]"):
         _engine_config([model, "--kv-cache-dtype", "fp8"])
-    with pytest.raises(ValueError, match="quantization='awq' is not supported.*'gguf' or none"):
+    with pytest.raises(ValueError, match=r"quantization='awq' is not supported; choose one of \['gguf', 'none'"):
         _engine_config([model, "--quantization", "awq"])
     with pytest.raises(ValueError, match="quantization='gguf' needs a GGUF file"):
         _engine_config([model, "-q", "gguf"])

@@ -40,6 +40,8 @@ SPEC_KEYS_HELP = """\
   draft_tensor_parallel_size    1 (the draft beside rank 0) or the target's -tp
   max_model_len                 the draft's context; drafting stops past it
   revision                      the draft's revision on the Hub
+  quantization                  the draft's weights, as --quantization: gguf, none, q8_0,
+                                q4_0, q4_k
   use_heterogeneous_vocab       true: a draft with another tokenizer (Token-Level Intersection)
   heterogeneous_vocab_feedback  "reencode" (default) or "unk": how target tokens the draft's
                                 vocabulary lacks reach the draft
@@ -92,7 +94,9 @@ def make_serve_parser(parser: Optional[argparse.ArgumentParser] = None) -> argpa
                    help="auto (safetensors or GGUF, detected), safetensors, gguf, or dummy "
                         "(random weights from config.json alone: for benchmarks)")
     p.add_argument("-q", "--quantization", default=None,
-                   help="weights' quantization: gguf (dequantized to --dtype at load) or none")
+                   help="weights' quantization: gguf (a GGUF file's blocks kept as they are: the "
+                        "default for GGUF), none (dequantized to --dtype), or q8_0, q4_0, q4_k "
+                        "(quantized at load)")
     p.add_argument("-sc", "--speculative-config", default=None,
                    help='JSON, e.g. \'{"model": "DRAFT", "num_speculative_tokens": 5}\' '
                         '(keys below)')
