@@ -11,7 +11,7 @@ quantize-at-load values are refused there with the reason.
 from __future__ import annotations
 
 import logging
-from typing import Any, Optional
+from typing import Optional
 
 import torch
 
@@ -56,7 +56,3 @@ def _why_not_native(dtype: torch.dtype, device: torch.device, tp: int) -> str:
         return f"tensor_parallel_size={tp} would split quantized blocks"
     return ""
 
-
-def describe(mc: Any) -> str:
-    """How a model's weights load, for log lines and benchmark records."""
-    return getattr(mc, "quantization", None) or "none"

@@ -6,7 +6,7 @@ Messages follow vLLM's wording where vLLM has one, so errors read the same after
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING, Any, Optional, Union
 
 if TYPE_CHECKING:
@@ -181,8 +181,6 @@ class SpeculativeConfig:
         draft = ModelConfig.create(self.model, None, target.dtype, None, target.seed,
                                    self.revision, device, field_prefix="speculative_config.",
                                    load_format=target.load_format)
-        from dataclasses import replace
-
         from tandem.quantization import resolve_quantization
         draft = replace(draft, quantization=resolve_quantization(
             self.quantization, draft.gguf_file, draft.dtype, device,
