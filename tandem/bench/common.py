@@ -7,6 +7,7 @@ import argparse
 import json
 import os
 import platform
+import resource
 import statistics
 from pathlib import Path
 from typing import Any, Optional
@@ -80,8 +81,36 @@ def summary(values: list[float]) -> dict[str, float]:
             "median_ms": 1000 * statistics.median(values), "p99_ms": 1000 * p99}
 
 
+def rss_mb() -> float:
+    """The process's resident memory now, in MiB (Linux; 0 where /proc is missing)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+_MEMORY: dict[str, float] = {}  # make_llm's readings, for process_memory()
+
+
+def process_memory() -> dict[str, float]:
+    """The process's memory in MiB: before and after the engines were built (what loading added:
+    weights plus the KV budget), now, and its peak."""
+    peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+    return {**_MEMORY, "rss_mb": rss_mb(), "peak_rss_mb": peak_kb / 1024}
+
+
+def memory_line() -> str:
+    m = process_memory()
+    added = m.get("load_added_mb")
+    return (f"memory: RSS {m['rss_mb']:.0f} MiB, peak {m['peak_rss_mb']:.0f} MiB"
+            + (f", loading added {added:.0f} MiB" if added is not None else ""))
+
+
 def write_json(path: Optional[str], result: dict[str, Any]) -> None:
-    result = {"machine": machine(), **result}
+    result = {"machine": machine(), "memory": process_memory(), **result}
     text = json.dumps(result, indent=2)
     if path:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
@@ -108,10 +137,20 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--speculative-config", "-sc", default=None,
                    help="JSON, as for tandem serve (e.g. a draft model and k)")
     p.add_argument("--dtype", default="auto")
+    add_weight_args(p)
     p.add_argument("--max-model-len", type=int, default=None, help="default: the model's")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     add_prompt_args(p)
+
+
+def add_weight_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--quantization", "-q", default=None,
+                   help="as for tandem serve: gguf, none, q8_0, q4_0, q4_k (default: gguf for a "
+                        "GGUF file, none otherwise)")
+    p.add_argument("--load-format", default="auto",
+                   help="as for tandem serve: auto, safetensors, gguf, or dummy (random weights "
+                        "from config.json)")
 
 
 def add_prompt_args(p: argparse.ArgumentParser) -> None:
@@ -131,5 +170,13 @@ def make_llm(args: argparse.Namespace, speculative_config: Any = "from-args") ->
     spec = args.speculative_config if speculative_config == "from-args" else speculative_config
     if isinstance(spec, str):
         spec = json.loads(spec)
-    return LLM(model=args.model, dtype=args.dtype, max_model_len=args.max_model_len,
-               seed=args.seed, speculative_config=spec, enable_prefix_caching=False)
+    before = rss_mb()
+    _MEMORY.setdefault("rss_before_load_mb", before)
+    llm = LLM(model=args.model, dtype=args.dtype, max_model_len=args.max_model_len,
+              seed=args.seed, speculative_config=spec, enable_prefix_caching=False,
+              quantization=args.quantization, load_format=args.load_format)
+    after = rss_mb()
+    # the first engine's load (a benchmark that builds several reports the first)
+    _MEMORY.setdefault("rss_after_load_mb", after)
+    _MEMORY.setdefault("load_added_mb", after - before)
+    return llm

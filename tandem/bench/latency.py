@@ -11,7 +11,7 @@ import time
 from typing import Any
 
 from tandem.bench.common import (add_engine_args, load_prompts, make_llm, positive_int, summary,
-                                  write_json)
+                                  memory_line, write_json)
 
 
 def run_one(engine: Any, prompt: str, params: Any, request_id: str) -> dict[str, Any]:
@@ -91,6 +91,7 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
     print(f"latency: TTFT mean {result['ttft']['mean_ms']:.1f} ms, ITL mean "
           f"{result['itl']['mean_ms']:.1f} ms, decode {result['decode_tokens_per_s']:.1f} tok/s"
           + (f", {result['ratio_vs_transformers']:.2f}x transformers" if args.peers else ""))
+    print(memory_line())
     write_json(args.output_json, result)
     return result
 

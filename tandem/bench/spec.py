@@ -26,8 +26,8 @@ import json
 import statistics
 from typing import Any
 
-from tandem.bench.common import (add_prompt_args, load_prompts, make_llm, positive_int, pyplot,
-                                  write_json)
+from tandem.bench.common import (add_prompt_args, add_weight_args, load_prompts, make_llm,
+                                  memory_line, positive_int, pyplot, write_json)
 from tandem.bench.latency import run_one
 
 
@@ -120,6 +120,7 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
               + ("" if adaptive else f", {predicted:.2f}x predicted"))
     print(f"plain decoding: {target_rate:.1f} tok/s on the speculative engine with drafting off, "
           f"{statistics.median(target_alone):.1f} tok/s on an engine of the target alone")
+    print(memory_line())
     result = {"benchmark": "spec", "model": args.model, "draft": spec["model"],
               "speculative_config": spec, "num_prompts": len(prompts),
               "max_tokens": args.max_tokens, "temperature": args.temperature,
@@ -178,6 +179,7 @@ def add_parser(sub: Any) -> None:
                         "are medians of per-round ratios to plain (for shared, noisy machines)")
     p.add_argument("--plot", default=None, help="PNG file for the plot")
     p.add_argument("--dtype", default="auto")
+    add_weight_args(p)
     p.add_argument("--max-model-len", type=int, default=None, help="default: the model's")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None)

@@ -8,7 +8,8 @@ import statistics
 import time
 from typing import Any
 
-from tandem.bench.common import add_engine_args, load_prompts, make_llm, positive_int, write_json
+from tandem.bench.common import (add_engine_args, load_prompts, make_llm, memory_line,
+                                  positive_int, write_json)
 
 
 def main(args: argparse.Namespace) -> dict[str, Any]:
@@ -51,6 +52,7 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
           f"{result['output_tokens_per_s']:.1f} output tok/s"
           + (f", {result['ratio_vs_transformers_single_stream']:.2f}x transformers' single "
              "stream" if args.peers else ""))
+    print(memory_line())
     write_json(args.output_json, result)
     return result
 

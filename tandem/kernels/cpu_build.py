@@ -1,5 +1,5 @@
 """Compiling and loading the CPU kernels (cpu_kernels.c, cpu_gemm.c, cpu_decoder.c, cpu_quant.c,
-cpu_quantize.c) here.
+cpu_quant_direct.c, cpu_quantize.c) here.
 
 `TANDEM_CPU_KERNELS` chooses: `auto` (the default) compiles them with the system C compiler for
 this CPU (`-march=native`) the first time and falls back to torch ops, with one log line saying
@@ -42,11 +42,13 @@ logger = logging.getLogger("tandem")
 
 MODES = ("auto", "c", "torch")
 HERE = Path(__file__).parent
-HEADERS = [HERE / "vec.h", HERE / "kernels.h", HERE / "f16.h"]
+HEADERS = [HERE / "vec.h", HERE / "kernels.h", HERE / "f16.h", HERE / "quant_format.h",
+           HERE / "quant_direct.h"]
 SOURCES = {HERE / "cpu_kernels.c": ["-ffp-contract=off"],
            HERE / "cpu_gemm.c": ["-ffp-contract=fast"],
            HERE / "cpu_decoder.c": ["-ffp-contract=off"],
            HERE / "cpu_quant.c": ["-ffp-contract=off"],
+           HERE / "cpu_quant_direct.c": ["-ffp-contract=off"],
            HERE / "cpu_quantize.c": ["-ffp-contract=off"]}
 FLAGS = ["-O3", "-fPIC", "-std=gnu11", "-Wno-psabi"]
 

@@ -18,173 +18,30 @@
  *
  * A tile of NR weight rows is unpacked once into a per-thread scratch (u, lane scales, offsets:
  * L1/L2-resident) and then multiplied with every row of x in tiles of MR rows, so batched steps
- * (verification, many streams) pay the unpacking once. The multiply-adds:
+ * (prefill, many streams) pay the unpacking once. Up to DIRECT_ROWS rows of x (a decode step, a
+ * short verification) cpu_quant_direct.c unpacks in registers instead, with the same arithmetic
+ * (the block formats and shared numerics are in quant_format.h). The multiply-adds:
  *   AVX-512 VNNI: vpdpbusd, 64 elements a step (u unsigned, q signed: exact, no saturation);
  *   AVX2: vpmaddubsw + vpmaddwd, 32 a step. vpmaddubsw saturates at 16 bits, fine for u <= 63,
  *     so Q8_0 keeps signed q there and multiplies |q| by sign(q) x (the sign trick);
  *   otherwise: plain C over the same lanes (portable; Arm uses it).
  */
-#include <math.h>
-#include <stdint.h>
-#include <stdlib.h>
-#include <string.h>
-
-#include "f16.h"
 #include "kernels.h"
+#include "quant_format.h"
+#include "quant_direct.h"
 
-#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
-#include <immintrin.h>
-#define STEP 64
-#define MR 4
-#define NR 4
-#define SIGNED_Q8 0
-#elif defined(__AVX2__)
-#include <immintrin.h>
-#define STEP 32
-#define MR 2
-#define NR 4
-#define SIGNED_Q8 1
-#else
-#define STEP 32
-#define MR 1
-#define NR 4
-#define SIGNED_Q8 0
-#endif
-
-enum { T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q5_1 = 7, T_Q8_0 = 8, T_Q4_K = 12, T_Q5_K = 13,
-       T_Q6_K = 14 };
 #define XCHUNK 1024 /* rows of x prepared at a time: bounds the prepared copy's memory */
 #define RGROUP 64   /* rows of x per work item, next to a block of NR weight rows */
+/* Up to this many rows of x, weights are unpacked in registers (cpu_quant_direct.c): same bits,
+ * no scratch. */
+#if STEP == 64 || (STEP == 32 && defined(__AVX2__))
+#define DIRECT_ROWS (2 * MR)
+#else
+#define DIRECT_ROWS 0
+#endif
 
-int64_t tandem_q_block(int type) { /* elements per block; 0: not a type of this file */
-    switch (type) {
-    case T_Q4_0: case T_Q4_1: case T_Q5_0: case T_Q5_1: case T_Q8_0: return 32;
-    case T_Q4_K: case T_Q5_K: case T_Q6_K: return 256;
-    default: return 0;
-    }
-}
-
-int64_t tandem_q_block_bytes(int type) {
-    switch (type) {
-    case T_Q4_0: return 18; case T_Q4_1: return 20; case T_Q5_0: return 22; case T_Q5_1: return 24;
-    case T_Q8_0: return 34; case T_Q4_K: return 144; case T_Q5_K: return 176; case T_Q6_K: return 210;
-    default: return 0;
-    }
-}
-
-/* The 6-bit scale and min j of a Q4_K/Q5_K block (12 packed bytes). */
-static void k_scale_min(const uint8_t *q, int j, int *sc, int *mn) {
-    if (j < 4) {
-        *sc = q[j] & 63;
-        *mn = q[j + 4] & 63;
-    } else {
-        *sc = (q[j + 4] & 0xF) | (q[j - 4] >> 6) << 4;
-        *mn = (q[j + 4] >> 4) | (q[j] >> 6) << 4;
-    }
-}
-
-/* 16 bytes as one value (GCC vector extension: SSE2 or NEON, any x86-64 or Arm machine). */
-typedef uint8_t v16u __attribute__((vector_size(16)));
-typedef int8_t v16s __attribute__((vector_size(16)));
-typedef float v4f __attribute__((vector_size(16)));
-static inline __attribute__((always_inline)) v16u ld(const uint8_t *p) { v16u v; memcpy(&v, p, 16); return v; }
-static inline __attribute__((always_inline)) void st(uint8_t *p, v16u v) { memcpy(p, &v, 16); }
-
-/* HIGH5[byte] = eight bytes, byte i 16 where bit i of `byte` is set: a Q5 block's fifth bits. */
-static uint64_t HIGH5[256];
-static void init_high5(void) {
-    for (int v = 0; v < 256; v++) {
-        uint64_t r = 0;
-        for (int i = 0; i < 8; i++) r |= (uint64_t)(v >> i & 1) << (8 * i + 4);
-        HIGH5[v] = r;
-    }
-}
-
-static inline __attribute__((always_inline)) void nibbles(const uint8_t *q, uint8_t *lo, uint8_t *hi) {
-    v16u v = ld(q);
-    st(lo, v & 0xF), st(hi, v >> 4);
-}
-
-/* One block of `type` -> u [block], a and b [block / 16]. For Q8_0 with SIGNED_Q8, u gets |q|
- * and s the signed q. Byte work in 16-byte vectors: at one row of x, unpacking is most of a
- * matmul's instructions. */
-static void unpack_block(int type, const uint8_t *p, uint8_t *u, int8_t *s, float *a, float *b) {
-    switch (type) {
-    case T_Q4_0: case T_Q4_1: {
-        nibbles(p + (type == T_Q4_0 ? 2 : 4), u, u + 16);
-        float d = f16_at(p), off = type == T_Q4_0 ? -8.0f * d : f16_at(p + 2);
-        a[0] = a[1] = d, b[0] = b[1] = off;
-        break;
-    }
-    case T_Q5_0: case T_Q5_1: {
-        const uint8_t *qh = p + (type == T_Q5_0 ? 2 : 4);
-        nibbles(qh + 4, u, u + 16);
-        uint64_t high[4] = {HIGH5[qh[0]], HIGH5[qh[1]], HIGH5[qh[2]], HIGH5[qh[3]]};
-        uint8_t hb[32];
-        memcpy(hb, high, 32);  /* byte e: bit e of the 32-bit qh, as 16 */
-        st(u, ld(u) | ld(hb)), st(u + 16, ld(u + 16) | ld(hb + 16));
-        float d = f16_at(p), off = type == T_Q5_0 ? -16.0f * d : f16_at(p + 2);
-        a[0] = a[1] = d, b[0] = b[1] = off;
-        break;
-    }
-    case T_Q8_0: {
-        float d = f16_at(p);
-        a[0] = a[1] = d;
-        for (int h = 0; h < 32; h += 16) {
-            v16s q;
-            memcpy(&q, p + 2 + h, 16);
-            if (SIGNED_Q8) {
-                v16s neg = q >> 7;  /* -1 where q < 0 */
-                memcpy(s + h, &q, 16);
-                st(u + h, (v16u)((q ^ neg) - neg));
-            } else {
-                st(u + h, (v16u)q ^ 0x80);  /* q + 128 */
-            }
-        }
-        b[0] = b[1] = SIGNED_Q8 ? 0.0f : -128.0f * d;
-        break;
-    }
-    case T_Q4_K: case T_Q5_K: {
-        float d = f16_at(p), dmin = f16_at(p + 2);
-        const uint8_t *sc = p + 4, *qh = p + 16, *qs = p + (type == T_Q4_K ? 16 : 48);
-        for (int j = 0; j < 8; j += 2) { /* sub-blocks j and j + 1: 32 bytes, low and high */
-            nibbles(qs + j * 16, u + j * 32, u + (j + 1) * 32);
-            nibbles(qs + j * 16 + 16, u + j * 32 + 16, u + (j + 1) * 32 + 16);
-        }
-        if (type == T_Q5_K)
-            for (int j = 0; j < 8; j++)
-                for (int h = 0; h < 32; h += 16)
-                    st(u + j * 32 + h, ld(u + j * 32 + h) | ((ld(qh + h) >> j) & 1) << 4);
-        for (int j = 0; j < 8; j++) {
-            int scale, mn;
-            k_scale_min(sc, j, &scale, &mn);
-            a[2 * j] = a[2 * j + 1] = d * (float)scale;
-            b[2 * j] = b[2 * j + 1] = -(dmin * (float)mn);
-        }
-        break;
-    }
-    case T_Q6_K: {
-        const uint8_t *ql = p, *qh = p + 128;
-        const int8_t *sc = (const int8_t *)(p + 192);
-        float d = f16_at(p + 208);
-        for (int n = 0; n < 2; n++, ql += 64, qh += 32) {
-            uint8_t *y = u + n * 128;
-            for (int h = 0; h < 32; h += 16) {
-                v16u l0 = ld(ql + h), l1 = ld(ql + 32 + h), hh = ld(qh + h);
-                st(y + h, (l0 & 0xF) | (hh & 3) << 4);
-                st(y + 32 + h, (l1 & 0xF) | (hh >> 2 & 3) << 4);
-                st(y + 64 + h, (l0 >> 4) | (hh >> 4 & 3) << 4);
-                st(y + 96 + h, (l1 >> 4) | (hh >> 6 & 3) << 4);
-            }
-        }
-        for (int g = 0; g < 16; g++) a[g] = d * (float)sc[g], b[g] = -32.0f * a[g];
-        break;
-    }
-    }
-}
-
-/* Offsets and block sums are kept for a whole number of 8 groups of 16 (offsets_dot's step). */
-#define GROUPS(kp) (((kp) / 16 + 7) / 8 * 8)
+int64_t tandem_q_block(int type) { return q_block(type); }
+int64_t tandem_q_block_bytes(int type) { return q_block_bytes(type); }
 
 /* A weight row in the common form, over kp >= k elements (the tail zero): u [kp], s [kp]
  * (SIGNED_Q8 only), lane scales la [kp / 4], offsets b16 [GROUPS(kp)]. */
@@ -195,7 +52,7 @@ typedef struct {
 } row_form;
 
 static void unpack_row(int type, const uint8_t *row, int64_t k, int64_t kp, row_form r) {
-    int64_t block = tandem_q_block(type), bytes = tandem_q_block_bytes(type);
+    int64_t block = q_block(type), bytes = q_block_bytes(type);
     float a16[16];
     for (int64_t c = 0, blk = 0; c < k; c += block, blk++) {
         unpack_block(type, row + blk * bytes, r.u + c, r.s ? r.s + c : NULL, a16, r.b16 + c / 16);
@@ -231,15 +88,6 @@ static void prepare_x(const float *x, int64_t k, int64_t kp, int8_t *q, float *x
     for (int64_t g = k / 16; g < GROUPS(kp); g++) xb[g] = 0.0f;
 }
 
-/* sum over g of b16[g] * xb[g] (groups a multiple of 8), in a fixed order (8 partial sums,
- * then a fixed tree). */
-static float offsets_dot(const float *b16, const float *xb, int64_t groups) {
-    float p[8] = {0};
-    for (int64_t g = 0; g < groups; g += 8)
-        for (int l = 0; l < 8; l++) p[l] += b16[g + l] * xb[g + l];
-    return ((p[0] + p[4]) + (p[2] + p[6])) + ((p[1] + p[5]) + (p[3] + p[7]));
-}
-
 /* y[i, j] (i < mr rows of x, j < nr weight rows) = the lanes' part of the dot products. */
 static inline __attribute__((always_inline)) void tile(
         const int8_t *xq, const float *xs, int64_t mr, const row_form *w, int nr, int sgn,
@@ -267,12 +115,7 @@ static inline __attribute__((always_inline)) void tile(
         }
     }
     for (int i = 0; i < MR && i < mr; i++)
-        for (int j = 0; j < NR; j++) {
-            __m256 h = _mm256_add_ps(_mm512_castps512_ps256(acc[i][j]),
-                                     _mm512_extractf32x8_ps(acc[i][j], 1));
-            __m128 q = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-            out[i * NR + j] = (q[0] + q[2]) + (q[1] + q[3]);
-        }
+        for (int j = 0; j < NR; j++) out[i * NR + j] = lanes_sum(acc[i][j]);
 #elif STEP == 32 && defined(__AVX2__)
     const __m256i ones = _mm256_set1_epi16(1);
     __m256 acc[MR][NR];
@@ -296,11 +139,7 @@ static inline __attribute__((always_inline)) void tile(
         }
     }
     for (int i = 0; i < MR && i < mr; i++)
-        for (int j = 0; j < NR; j++) {
-            __m128 q = _mm_add_ps(_mm256_castps256_ps128(acc[i][j]),
-                                  _mm256_extractf128_ps(acc[i][j], 1));
-            out[i * NR + j] = (q[0] + q[2]) + (q[1] + q[3]);
-        }
+        for (int j = 0; j < NR; j++) out[i * NR + j] = lanes_sum(acc[i][j]);
 #else
     (void)sgn;
     for (int i = 0; i < mr; i++)
@@ -336,8 +175,8 @@ static int read_segments(const int64_t *desc, int64_t n, int64_t k, segment *seg
     for (int64_t s = 0; s < nseg; s++) {
         const int64_t *d = desc + 1 + 4 * s;
         seg[s] = (segment){(int)d[0], d[1], d[3], (const uint8_t *)(intptr_t)d[2]};
-        int64_t block = tandem_q_block(seg[s].type);
-        if (!block || k % block || seg[s].row_bytes != k / block * tandem_q_block_bytes(seg[s].type))
+        int64_t block = q_block(seg[s].type);
+        if (!block || k % block || seg[s].row_bytes != k / block * q_block_bytes(seg[s].type))
             return -1;
         total += seg[s].rows;
     }
@@ -349,13 +188,6 @@ static int read_segments(const int64_t *desc, int64_t n, int64_t k, segment *seg
  * then per segment (ggml type, rows, data address, bytes per row), stacked in output order.
  * Returns -1 (nothing written) for a layout it does not take (k not a multiple of the blocks,
  * an unknown type, rows not adding up to n, no memory). */
-static void init_tables(void) {
-    static int done;
-    if (!__atomic_load_n(&done, __ATOMIC_ACQUIRE)) {  /* idempotent: racing callers agree */
-        init_high5();
-        __atomic_store_n(&done, 1, __ATOMIC_RELEASE);
-    }
-}
 
 int tandem_qlinear(const float *x, const int64_t *desc, const float *bias, float *y, int64_t m,
                    int64_t n, int64_t k, int threads) {
@@ -374,6 +206,7 @@ int tandem_qlinear(const float *x, const int64_t *desc, const float *bias, float
     int8_t *xq = (int8_t *)xbuf;
     float *xs = (float *)(xbuf + xrows * kp), *xb = xs + xrows * (kp / 4);
     int parallel = threads > 1 && m * n * k >= (1 << 18), failed = 0;
+    int direct = m <= DIRECT_ROWS;
     (void)parallel;
     for (int64_t m0 = 0; m0 < m; m0 += XCHUNK) {
         int64_t mc = m - m0 < XCHUNK ? m - m0 : XCHUNK;
@@ -385,14 +218,14 @@ int tandem_qlinear(const float *x, const int64_t *desc, const float *bias, float
 #pragma omp for schedule(static)
             for (int64_t i = 0; i < mc; i++)
                 prepare_x(x + (m0 + i) * k, k, kp, xq + i * kp, xs + i * (kp / 4), xb + i * gp);
-            /* Per thread: NR rows in the common form. */
+            /* Per thread: NR rows in the common form (none when direct). */
             size_t per_row = (size_t)(kp + (SIGNED_Q8 ? kp : 0) + kp + 4 * gp);
-            uint8_t *wbuf = malloc(per_row * NR);
+            uint8_t *wbuf = direct ? NULL : malloc(per_row * NR);
             row_form w[NR];
-            if (!wbuf) {
+            if (!direct && !wbuf) {
 #pragma omp atomic write
                 failed = 1;
-            } else {
+            } else if (!direct) {
                 for (int j = 0; j < NR; j++) {
                     uint8_t *base = wbuf + j * per_row;
                     w[j].u = base;
@@ -404,7 +237,7 @@ int tandem_qlinear(const float *x, const int64_t *desc, const float *bias, float
             int64_t unpacked = -1;
 #pragma omp for schedule(static)
             for (int64_t item = 0; item < items; item++) {
-                if (!wbuf) continue;
+                if (!direct && !wbuf) continue;
                 int64_t bi = item / groups, g0 = (item % groups) * RGROUP;
                 int64_t s = 0;
                 while (first[s + 1] <= bi) s++;
@@ -412,7 +245,7 @@ int tandem_qlinear(const float *x, const int64_t *desc, const float *bias, float
                 int64_t col = r0;
                 for (int64_t t = 0; t < s; t++) col += seg[t].rows;
                 int sgn = SIGNED_Q8 && seg[s].type == T_Q8_0, offsets = !sgn;
-                if (bi != unpacked) {
+                if (bi != unpacked && !direct) {
                     for (int j = 0; j < nr; j++) {
                         row_form r = w[j];
                         if (!sgn) r.s = NULL;
@@ -423,8 +256,12 @@ int tandem_qlinear(const float *x, const int64_t *desc, const float *bias, float
                 int64_t g1 = mc - g0 < RGROUP ? mc : g0 + RGROUP;
                 for (int64_t i0 = g0; i0 < g1; i0 += MR) {
                     int64_t mr = g1 - i0 < MR ? g1 - i0 : MR;
-                    float out[MR * NR];
-                    if (sgn) /* two inlined copies: no test of sgn inside the loop */
+                    float out[MR * NR], off[MR * NR];
+                    if (direct)
+                        q_direct(seg[s].type, seg[s].data + r0 * seg[s].row_bytes,
+                                 seg[s].row_bytes, (int)nr, xq + i0 * kp, xs + i0 * (kp / 4),
+                                 xb + i0 * gp, mr, k, kp, gp, out, off);
+                    else if (sgn) /* two inlined copies: no test of sgn inside the loop */
                         tile(xq + i0 * kp, xs + i0 * (kp / 4), mr, w, (int)nr, 1, kp, out);
                     else
                         tile(xq + i0 * kp, xs + i0 * (kp / 4), mr, w, (int)nr, 0, kp, out);
@@ -432,7 +269,8 @@ int tandem_qlinear(const float *x, const int64_t *desc, const float *bias, float
                         for (int64_t j = 0; j < nr; j++) {
                             float v = out[i * NR + j];
                             if (offsets)
-                                v += offsets_dot(w[j].b16, xb + (i0 + i) * gp, gp);
+                                v += direct ? off[i * NR + j]
+                                            : offsets_dot(w[j].b16, xb + (i0 + i) * gp, gp);
                             if (bias) v += bias[col + j];
                             y[(m0 + i0 + i) * n + col + j] = v;
                         }
@@ -450,7 +288,7 @@ int tandem_qlinear(const float *x, const int64_t *desc, const float *bias, float
  * element is a * u + b with a * u exact in float32 (as ggml's own dequantization). */
 int tandem_q_rows(int type, const uint8_t *data, int64_t row_bytes, const int64_t *ids,
                   int64_t count, int64_t k, float *out) {
-    int64_t block = tandem_q_block(type), bytes = tandem_q_block_bytes(type);
+    int64_t block = q_block(type), bytes = q_block_bytes(type);
     if (!block || k % block || row_bytes != k / block * bytes) return -1;
     init_tables();
     uint8_t u[256];

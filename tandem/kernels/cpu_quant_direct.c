@@ -1,0 +1,240 @@
+/* The quantized matmul for a few rows of x (one decode step, a short verification): each weight
+ * block is unpacked in registers, step by step, and multiplied at once, where cpu_quant.c's
+ * batched path writes NR unpacked rows to a scratch first and reuses them across many x rows.
+ * At one row of x that scratch round trip (u bytes, a lane scale per 4 elements) costs more than
+ * the multiply-adds themselves.
+ *
+ * The arithmetic is the batched path's, operation for operation: the same u bytes (from the same
+ * block layouts), the same lane scales a * ax, the same integer multiply-adds into the same lanes,
+ * the same reduction (lanes_sum) and the same offsets (block_scales, offsets_dot in the caller).
+ * So a row's result has the same bits whichever path ran it, and tandem_qlinear may choose by the
+ * number of rows alone. Built only where the batched path has SIMD tiles (AVX-512 VNNI, AVX2).
+ */
+#include "quant_format.h"
+#include "quant_direct.h"
+
+#if STEP == 64 || (STEP == 32 && defined(__AVX2__))
+
+/* 32 elements of a block as u bytes, in element order: those at element e0 (a multiple of 32) of
+ * the block at p. With SIGNED_Q8, a Q8_0 block gives |q| and its signs in *sign. */
+static inline __attribute__((always_inline)) __m256i u32_at(const int type, const uint8_t *p,
+                                                            int e0, __m256i *sign) {
+    const __m256i low4 = _mm256_set1_epi8(0x0F), bit4 = _mm256_set1_epi8(0x10);
+    switch (type) {
+    case T_Q4_0: case T_Q4_1: case T_Q5_0: case T_Q5_1: {
+        int five = type == T_Q5_0 || type == T_Q5_1, off = type == T_Q4_0 ? 2 : type == T_Q4_1 ? 4
+                                                       : type == T_Q5_0 ? 6 : 8;
+        __m128i q = _mm_loadu_si128((const __m128i *)(p + off));
+        __m256i u = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), low4);
+        if (five) {  /* element e's fifth bit: bit e of the 32-bit qh before the nibbles */
+            uint32_t qh;
+            memcpy(&qh, p + off - 4, 4);
+#if STEP == 64
+            u = _mm256_or_si256(u, _mm256_maskz_mov_epi8((__mmask32)qh, bit4));
+#else
+            const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                                    2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+            const __m256i bits = _mm256_set1_epi64x(0x8040201008040201LL);
+            __m256i b = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32((int)qh), spread),
+                                         bits);
+            u = _mm256_or_si256(u, _mm256_and_si256(_mm256_cmpeq_epi8(b, bits), bit4));
+#endif
+        }
+        return u;
+    }
+    case T_Q8_0: {
+        __m256i q = _mm256_loadu_si256((const __m256i *)(p + 2));
+        if (SIGNED_Q8) {
+            *sign = q;
+            return _mm256_abs_epi8(q);
+        }
+        return _mm256_xor_si256(q, _mm256_set1_epi8((char)0x80));  /* q + 128 */
+    }
+    case T_Q4_K: case T_Q5_K: {  /* sub-block j: the low (j even) or high nibbles of 32 bytes */
+        int j = e0 / 32;
+        const uint8_t *qs = p + (type == T_Q4_K ? 16 : 48) + (j / 2) * 32;
+        __m256i v = _mm256_loadu_si256((const __m256i *)qs);
+        __m256i u = _mm256_and_si256(j & 1 ? _mm256_srli_epi16(v, 4) : v, low4);
+        if (type == T_Q5_K) {  /* fifth bit: bit j of qh[h] */
+            __m256i qh = _mm256_loadu_si256((const __m256i *)(p + 16));
+            __m256i b = _mm256_and_si256(_mm256_srli_epi16(qh, j), _mm256_set1_epi8(1));
+            u = _mm256_or_si256(u, _mm256_slli_epi16(b, 4));
+        }
+        return u;
+    }
+    default: {  /* T_Q6_K: quarter r of half n, low 4 bits from ql, high 2 from qh */
+        int n = e0 / 128, r = e0 % 128 / 32;
+        const uint8_t *ql = p + 64 * n + (r & 1) * 32, *qh = p + 128 + 32 * n;
+        __m256i l = _mm256_loadu_si256((const __m256i *)ql);
+        __m256i h = _mm256_loadu_si256((const __m256i *)qh);
+        l = _mm256_and_si256(r >= 2 ? _mm256_srli_epi16(l, 4) : l, low4);
+        h = _mm256_and_si256(_mm256_srli_epi16(h, 2 * r), _mm256_set1_epi8(3));
+        return _mm256_or_si256(l, _mm256_slli_epi16(h, 4));
+    }
+    }
+}
+
+/* The scales a and offsets b [16 each, per 16 elements] of the `chunk` elements at c0 of a row:
+ * block_scales' values (zero past k). 32-element blocks: their float16 d (and Q4_1/Q5_1's m)
+ * converted 8 at a time, with block_scales' arithmetic (exact: d times a power of two). */
+static inline __attribute__((always_inline)) void chunk_scales(
+        const int type, const uint8_t *row, int64_t c0, int64_t chunk, int64_t k, float *a,
+        float *b) {
+    const int64_t block = q_block(type), bytes = q_block_bytes(type);
+#ifdef __F16C__
+    if (block == 32 && c0 + chunk <= k && !(SIGNED_Q8 && type == T_Q8_0)) {
+        uint16_t d[4], m[4];
+        for (int e = 0; e < 4; e++) {
+            const uint8_t *p = row + (c0 / 32 + e) * bytes;
+            d[e] = (uint16_t)(p[0] | p[1] << 8), m[e] = (uint16_t)(p[2] | p[3] << 8);
+        }
+        __m256 dv = _mm256_cvtph_ps(_mm_setr_epi16((short)d[0], (short)d[0], (short)d[1],
+            (short)d[1], (short)d[2], (short)d[2], (short)d[3], (short)d[3]));
+        _mm256_storeu_ps(a, dv);
+        if (type == T_Q4_1 || type == T_Q5_1)
+            _mm256_storeu_ps(b, _mm256_cvtph_ps(_mm_setr_epi16((short)m[0], (short)m[0],
+                (short)m[1], (short)m[1], (short)m[2], (short)m[2], (short)m[3], (short)m[3])));
+        else
+            _mm256_storeu_ps(b, _mm256_mul_ps(_mm256_set1_ps(type == T_Q4_0 ? -8.0f
+                                              : type == T_Q5_0 ? -16.0f : -128.0f), dv));
+        return;
+    }
+#endif
+    for (int64_t e = 0; e < chunk; e += block) {
+        if (c0 + e < k)
+            block_scales(type, row + (c0 + e) / block * bytes, a + e / 16, b + e / 16);
+        else
+            for (int g = 0; g < block / 16; g++) a[e / 16 + g] = b[e / 16 + g] = 0.0f;
+    }
+}
+
+/* Rows w0 + j * row_bytes (j < nr) against x rows xq [mr, kp] (mr <= MR): out [MR * NR] as
+ * cpu_quant.c's tile() gives it, off [MR * NR] as offsets_dot gives it (rows' offsets against
+ * the x rows' block sums xb [mr, gp]). */
+static inline __attribute__((always_inline)) void direct(
+        const int type, const uint8_t *w0, int64_t row_bytes, int nr, const int8_t *xq,
+        const float *xs, const float *xb, int64_t mr, int64_t k, int64_t kp, int64_t gp,
+        float *out, float *off) {
+    const int64_t block = q_block(type), bytes = q_block_bytes(type);
+    /* Elements whose scales are read at once: whole blocks, and 8 groups of 16 (offsets_dot's
+     * step, so the offsets go 8 partial sums at a time in its order). gp * 16 is a multiple. */
+    const int64_t chunk = block > 128 ? block : 128;
+    const int sgn = SIGNED_Q8 && type == T_Q8_0;
+    const uint8_t *rows[NR];
+    for (int j = 0; j < NR; j++) rows[j] = w0 + (j < nr ? j : 0) * row_bytes;
+    __m256 part[MR][NR];  /* offsets_dot's 8 partial sums */
+    for (int i = 0; i < MR; i++)
+        for (int j = 0; j < NR; j++) part[i][j] = _mm256_setzero_ps();
+#if STEP == 64
+    __m512 acc[MR][NR];
+    for (int i = 0; i < MR; i++)
+        for (int j = 0; j < NR; j++) acc[i][j] = _mm512_setzero_ps();
+#else
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 acc[MR][NR];
+    for (int i = 0; i < MR; i++)
+        for (int j = 0; j < NR; j++) acc[i][j] = _mm256_setzero_ps();
+#endif
+    for (int64_t c0 = 0; c0 < gp * 16; c0 += chunk) {
+        float a[NR][16], b[NR][16];
+        for (int j = 0; j < NR; j++) chunk_scales(type, rows[j], c0, chunk, k, a[j], b[j]);
+        for (int64_t c = c0; c < c0 + chunk && c < kp; c += STEP) {
+            const int64_t g = (c - c0) / 16;
+#if STEP == 64
+            __m512i u[NR];
+            __m512 wa[NR];
+            for (int j = 0; j < NR; j++) {
+                __m256i unused, lo, hi = _mm256_setzero_si256();
+                const uint8_t *blk = rows[j] + c / block * bytes;
+                lo = u32_at(type, blk, (int)(c % block), &unused);
+                if (c + 32 < k)
+                    hi = u32_at(type, block == 32 ? blk + bytes : blk, (int)((c + 32) % block),
+                                &unused);
+                u[j] = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+                wa[j] = _mm512_permutexvar_ps(  /* 4 groups of 16: 4 lanes each */
+                    _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3),
+                    _mm512_castps128_ps512(_mm_loadu_ps(a[j] + g)));
+            }
+            for (int i = 0; i < MR && i < mr; i++) {
+                __m512i xv = _mm512_loadu_si512(xq + i * kp + c);
+                __m512 xsv = _mm512_loadu_ps(xs + i * (kp / 4) + c / 4);
+                for (int j = 0; j < NR; j++) {
+                    __m512i sum = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[j], xv);
+                    acc[i][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(wa[j], xsv),
+                                                acc[i][j]);
+                }
+            }
+#else
+            __m256i u[NR], s[NR];
+            __m256 wa[NR];
+            for (int j = 0; j < NR; j++) {
+                u[j] = u32_at(type, rows[j] + c / block * bytes, (int)(c % block), &s[j]);
+                wa[j] = _mm256_setr_ps(a[j][g], a[j][g], a[j][g], a[j][g], a[j][g + 1],
+                                       a[j][g + 1], a[j][g + 1], a[j][g + 1]);
+            }
+            for (int i = 0; i < MR && i < mr; i++) {
+                __m256i xv = _mm256_loadu_si256((const __m256i *)(xq + i * kp + c));
+                __m256 xsv = _mm256_loadu_ps(xs + i * (kp / 4) + c / 4);
+                for (int j = 0; j < NR; j++) {
+                    __m256i pairs = _mm256_maddubs_epi16(u[j], sgn ? _mm256_sign_epi8(xv, s[j]) : xv);
+                    __m256 f = _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, ones));
+                    acc[i][j] = _mm256_fmadd_ps(f, _mm256_mul_ps(wa[j], xsv), acc[i][j]);
+                }
+            }
+#endif
+        }
+        if (!sgn)  /* p[l] += b16[g + l] * xb[g + l], a product then a sum, as offsets_dot */
+            for (int64_t h = 0; h < chunk / 16; h += 8)
+                for (int i = 0; i < MR && i < mr; i++) {
+                    __m256 xbv = _mm256_loadu_ps(xb + i * gp + c0 / 16 + h);
+                    for (int j = 0; j < NR; j++)
+                        part[i][j] = _mm256_add_ps(part[i][j],
+                                                   _mm256_mul_ps(_mm256_loadu_ps(b[j] + h), xbv));
+                }
+    }
+    for (int i = 0; i < MR && i < mr; i++)
+        for (int j = 0; j < NR; j++) {
+            out[i * NR + j] = lanes_sum(acc[i][j]);
+            float p[8];
+            _mm256_storeu_ps(p, part[i][j]);
+            off[i * NR + j] = ((p[0] + p[4]) + (p[2] + p[6])) + ((p[1] + p[5]) + (p[3] + p[7]));
+        }
+}
+
+/* One copy of direct() per type, its switches folded away. */
+#define DIRECT_FOR(T)                                                                         \
+    static void direct_##T(const uint8_t *w0, int64_t rb, int nr, const int8_t *xq,           \
+                           const float *xs, const float *xb, int64_t mr, int64_t k, int64_t kp, \
+                           int64_t gp, float *out, float *off) {                              \
+        direct(T, w0, rb, nr, xq, xs, xb, mr, k, kp, gp, out, off);                           \
+    }
+DIRECT_FOR(T_Q4_0) DIRECT_FOR(T_Q4_1) DIRECT_FOR(T_Q5_0) DIRECT_FOR(T_Q5_1) DIRECT_FOR(T_Q8_0)
+DIRECT_FOR(T_Q4_K) DIRECT_FOR(T_Q5_K) DIRECT_FOR(T_Q6_K)
+
+int q_direct(int type, const uint8_t *w0, int64_t row_bytes, int nr, const int8_t *xq,
+             const float *xs, const float *xb, int64_t mr, int64_t k, int64_t kp, int64_t gp,
+             float *out, float *off) {
+    switch (type) {
+    case T_Q4_0: direct_T_Q4_0(w0, row_bytes, nr, xq, xs, xb, mr, k, kp, gp, out, off); return 0;
+    case T_Q4_1: direct_T_Q4_1(w0, row_bytes, nr, xq, xs, xb, mr, k, kp, gp, out, off); return 0;
+    case T_Q5_0: direct_T_Q5_0(w0, row_bytes, nr, xq, xs, xb, mr, k, kp, gp, out, off); return 0;
+    case T_Q5_1: direct_T_Q5_1(w0, row_bytes, nr, xq, xs, xb, mr, k, kp, gp, out, off); return 0;
+    case T_Q8_0: direct_T_Q8_0(w0, row_bytes, nr, xq, xs, xb, mr, k, kp, gp, out, off); return 0;
+    case T_Q4_K: direct_T_Q4_K(w0, row_bytes, nr, xq, xs, xb, mr, k, kp, gp, out, off); return 0;
+    case T_Q5_K: direct_T_Q5_K(w0, row_bytes, nr, xq, xs, xb, mr, k, kp, gp, out, off); return 0;
+    case T_Q6_K: direct_T_Q6_K(w0, row_bytes, nr, xq, xs, xb, mr, k, kp, gp, out, off); return 0;
+    default: return -1;
+    }
+}
+
+#else
+
+int q_direct(int type, const uint8_t *w0, int64_t row_bytes, int nr, const int8_t *xq,
+             const float *xs, const float *xb, int64_t mr, int64_t k, int64_t kp, int64_t gp,
+             float *out, float *off) {
+    (void)type, (void)w0, (void)row_bytes, (void)nr, (void)xq, (void)xs, (void)xb, (void)mr;
+    (void)k, (void)kp, (void)gp, (void)out, (void)off;
+    return -1;  /* no SIMD tiles here: the caller keeps to the batched path */
+}
+
+#endif

@@ -1,0 +1,13 @@
+/* cpu_quant_direct.c, for cpu_quant.c: a tile of NR weight rows (one type, row_bytes apart from
+ * w0) by mr <= MR rows of prepared x (xq, xs, xb), unpacked in registers. out [MR * NR] gets what
+ * tile() gives the same rows, off [MR * NR] what offsets_dot gives them. Returns -1 where it has
+ * no SIMD path. */
+#ifndef TANDEM_QUANT_DIRECT_H
+#define TANDEM_QUANT_DIRECT_H
+#include <stdint.h>
+
+int q_direct(int type, const uint8_t *w0, int64_t row_bytes, int nr, const int8_t *xq,
+             const float *xs, const float *xb, int64_t mr, int64_t k, int64_t kp, int64_t gp,
+             float *out, float *off);
+
+#endif
