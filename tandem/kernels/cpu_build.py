@@ -42,7 +42,7 @@ logger = logging.getLogger("tandem")
 
 MODES = ("auto", "c", "torch")
 HERE = Path(__file__).parent
-HEADERS = [HERE / "vec.h", HERE / "kernels.h", HERE / "f16.h"]
+HEADERS = [HERE / "vec.h", HERE / "kernels.h", HERE / "f16.h", HERE / "q_forms.h"]
 SOURCES = {HERE / "cpu_kernels.c": ["-ffp-contract=off"],
            HERE / "cpu_gemm.c": ["-ffp-contract=fast"],
            HERE / "cpu_decoder.c": ["-ffp-contract=off"],

@@ -10,9 +10,7 @@ LIMIT = 330
 # Files known to be over the limit, with the line count they may not grow past: each one is a
 # split still to do, named here so that it is seen (the test fails when one shrinks under the
 # limit, so the list cannot go stale).
-KNOWN_OVER = {
-    "kernels/cpu_quant.c": 480,  # every GGUF type's unpacking beside the integer matmul
-}
+KNOWN_OVER: dict[str, int] = {}
 
 
 def module_lengths() -> dict[str, int]:
