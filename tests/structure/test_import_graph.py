@@ -163,3 +163,12 @@ def test_no_import_circles():
         "down a level):\n" + "\n".join(
             f"  {' -> '.join(_cycle_in(graph, comp))}   (all of: {', '.join(comp)})"
             for comp in found)
+
+
+def test_deferred_and_type_checking_imports_count():
+    source = ("from typing import TYPE_CHECKING\n"
+              "if TYPE_CHECKING:\n    from tandem.a import X\n"
+              "def f():\n    from .b import y\n    import tandem.c\n")
+    known = {"tandem.a", "tandem.pkg.b", "tandem.c", "tandem.pkg.m"}
+    assert _imports(ast.parse(source), "tandem.pkg.m", False, known) == {
+        "tandem.a", "tandem.pkg.b", "tandem.c"}
