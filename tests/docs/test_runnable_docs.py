@@ -10,7 +10,8 @@ word and ignores the rest, so the marks do not show):
     ```bash client      `localhost:8000` pointed at that server
 
 Blocks with the same text run once (the README's examples are repeated in the manual), and one
-server is started per distinct `serve` command, shared by every client block of every file.
+server is started per distinct `serve` command, shared by every client block of every file
+(and stopped when this module's tests end).
 """
 
 from __future__ import annotations
@@ -140,8 +141,10 @@ class DocServers:
             stop_server(proc)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def doc_servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DocServers]:
+    # Module scope: every client block is in this module, and the servers must be gone before
+    # other tests count this process's children (tests/distributed).
     servers = DocServers(tmp_path_factory.mktemp("doc-servers"))
     yield servers
     servers.stop()
