@@ -88,7 +88,8 @@ def serve(argv: Sequence[str], launch_time: float) -> None:
     log_notes(args.compat_notes)
     from tandem.config import EngineConfig
     from tandem.distributed.node import run_worker_node
-    from tandem.engine.core_client import EngineCoreClient, EngineStartupError
+    from tandem.engine.core_client import EngineCoreClient
+    from tandem.engine.core_launch import EngineStartupError
     from tandem.entrypoints.chat_utils import load_chat_template
     from tandem.entrypoints.openai.api_server import run_server
     from tandem.loader.generation_config import sampling_defaults

@@ -1,11 +1,11 @@
 """EngineCoreClient: the API process's side of the engine core process, with the interface of
 `AsyncLLMEngine`, so `entrypoints/` does not know where the engine runs.
 
-`launch` starts `python -m tandem.engine.core_process`, sends it the configuration and waits for
-`Ready`. `start`, on the server's event
-loop, then reads the channel through an asyncio protocol: no thread, and each message (one per
-engine step) is decoded and dispatched by the loop as soon as it is readable. Requests and aborts
-are written through the same transport, which never blocks the loop.
+`launch` starts `python -m tandem.engine.core_process` (`core_launch.py`), sends it the
+configuration and waits for `Ready`. `start`, on the server's event loop, then reads the channel
+through an asyncio protocol: no thread, and each message (one per engine step) is decoded and
+dispatched by the loop as soon as it is readable. Requests and aborts are written through the
+same transport, which never blocks the loop.
 
 Tokenization, chat templates, grammar checks and the HTTP edge stay here; detokenization and
 stop strings stay in the engine core, where the scheduler checks a stop string after each token,
@@ -23,22 +23,17 @@ import itertools
 import logging
 import socket
 import subprocess
-import sys
 from typing import Any, Callable, Optional, Union
 
+from tandem.engine.core_launch import spawn_core_process, stop_process, wait_ready
 from tandem.engine.core_messages import (AbortRequests, AddRequest, EngineCoreOutputs,
-                                         FrameBuffer, Ready, Shutdown, StartupFailed,
-                                         UtilityCall, encode_frame)
-from tandem.engine.output_deltas import OutputAssembler
+                                         FrameBuffer, Ready, Shutdown, UtilityCall, encode_frame)
 from tandem.engine.engine_client import EngineClient, EngineDeadError, EngineStepError
+from tandem.engine.output_deltas import OutputAssembler
 from tandem.metrics import AnyMetric, with_vllm_names
 from tandem.sampling_params import SamplingParams
 
 logger = logging.getLogger("tandem.engine_client")
-
-
-class EngineStartupError(RuntimeError):
-    """The engine core process could not start (the message is one line for the user)."""
 
 
 class _ChannelProtocol(asyncio.Protocol):
@@ -88,19 +83,13 @@ class EngineCoreClient(EngineClient):
         """Start the engine core process and wait until it serves; raises EngineStartupError.
         `load_frontend` gives (tokenizer, sampling defaults, grammar cache) for this process: it
         is called while the engine process loads, which it overlaps."""
-        ours, theirs = socket.socketpair()
-        process = subprocess.Popen(
-            [sys.executable, "-m", "tandem.engine.core_process", "--fd", str(theirs.fileno())],
-            pass_fds=[theirs.fileno()])  # this environment, OpenMP's variables included
-        theirs.close()
-        logger.info("engine core process %d started", process.pid)
+        ours, process = spawn_core_process(config, log_stats)
         try:
-            ours.sendall(encode_frame((config, log_stats)))
             tokenizer, sampling_defaults, grammars = load_frontend()
-            ready = _wait_ready(ours, process)
+            ready = wait_ready(ours, process)
         except BaseException:
             ours.close()
-            _stop_process(process, 5.0)
+            stop_process(process, 5.0)
             raise
         mc = config.model_config
         return cls(ours, ready, tokenizer, mc.max_model_len, mc.vocab_size, sampling_defaults,
@@ -196,7 +185,7 @@ class EngineCoreClient(EngineClient):
         except OSError:
             pass  # the process is gone already
         if self.process is not None:
-            _stop_process(self.process, timeout)
+            stop_process(self.process, timeout)
         if live:
             self._transport.close()
         else:
@@ -297,31 +286,3 @@ class EngineCoreClient(EngineClient):
         self._adds.clear()
         if self.on_dead is not None:
             self.on_dead()
-
-
-def _wait_ready(sock: socket.socket, process: subprocess.Popen) -> Ready:
-    frames = FrameBuffer()
-    while True:
-        data = sock.recv(1 << 20)
-        if not data:
-            code = process.wait(10)
-            raise EngineStartupError(f"the engine core process exited with status {code} "
-                                     "while starting (its log is above)")
-        for message in frames.feed(data):
-            if isinstance(message, StartupFailed):
-                process.wait(10)
-                raise EngineStartupError(message.message)
-            if isinstance(message, Ready):
-                return message
-            raise EngineStartupError(f"unexpected first message from the engine core: "
-                                     f"{type(message).__name__}")
-
-
-def _stop_process(process: subprocess.Popen, timeout: float) -> None:
-    try:
-        process.wait(timeout)
-    except subprocess.TimeoutExpired:
-        logger.warning("the engine core process %d did not stop in %.0f s; killing it",
-                       process.pid, timeout)
-        process.kill()
-        process.wait(5)

@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Sequence
+from typing import Optional, Sequence
 
+from tandem.core.kv_cache_manager import KVCacheManager
+from tandem.core.scheduler import Scheduler
+from tandem.engine.latency_metrics import LatencyMetrics
 from tandem.metrics import PREFIX, AnyMetric, Metric
-
-if TYPE_CHECKING:
-    from tandem.engine.llm_engine import LLMEngine
+from tandem.spec_decode.metrics import SpecDecodeMetrics
 
 
-def engine_metrics(engine: LLMEngine) -> list[AnyMetric]:
-    c = engine.counters
-    kv, sched = engine.kv, engine.scheduler
-    used = engine.num_blocks - kv.num_free_blocks
+def engine_metrics(counters: dict[str, int], kv: KVCacheManager, sched: Scheduler,
+                   num_blocks: int, spec_metrics: Optional[SpecDecodeMetrics],
+                   latency: LatencyMetrics) -> list[AnyMetric]:
+    """The engine's parts' numbers (passed in, so this module sits below the engine)."""
+    c = counters
+    used = num_blocks - kv.num_free_blocks
     metrics: list[AnyMetric] = [
         Metric(PREFIX + "prompt_tokens", c["prompt_tokens"]),
         Metric(PREFIX + "generation_tokens", c["generation_tokens"]),
@@ -25,12 +28,12 @@ def engine_metrics(engine: LLMEngine) -> list[AnyMetric]:
         Metric(PREFIX + "prefix_cache_hits", kv.prefix_hits),
         Metric(PREFIX + "num_requests_running", len(sched.running), kind="gauge"),
         Metric(PREFIX + "num_requests_waiting", len(sched.waiting), kind="gauge"),
-        Metric(PREFIX + "kv_cache_usage_perc", used / engine.num_blocks, kind="gauge"),
+        Metric(PREFIX + "kv_cache_usage_perc", used / num_blocks, kind="gauge"),
         Metric(PREFIX + "kv_cache_free_blocks", kv.num_free_blocks, kind="gauge"),
     ]
-    if engine.spec_metrics is not None:
-        metrics.extend(engine.spec_metrics.metrics())
-    metrics.extend(engine.latency.metrics())
+    if spec_metrics is not None:
+        metrics.extend(spec_metrics.metrics())
+    metrics.extend(latency.metrics())
     # The vllm: copies are added where metrics are read (LLM.get_metrics, /metrics), not in the
     # snapshot the server's engine thread takes after every step.
     return metrics

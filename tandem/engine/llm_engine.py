@@ -280,4 +280,5 @@ class LLMEngine:
 
     # -- metrics -----------------------------------------------------------------------------
     def get_metrics(self) -> list[AnyMetric]:
-        return engine_metrics(self)
+        return engine_metrics(self.counters, self.kv, self.scheduler, self.num_blocks,
+                              self.spec_metrics, self.latency)

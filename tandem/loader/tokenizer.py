@@ -6,7 +6,7 @@ import functools
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from tandem.config import ModelConfig
+    from tandem.model_config import ModelConfig
 
 
 @functools.lru_cache(maxsize=8)

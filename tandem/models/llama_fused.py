@@ -14,7 +14,7 @@ shapes, so the result is bit-identical to the layer-by-layer path
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Optional
+from typing import Iterator, Optional, Protocol
 
 import torch
 from torch import nn
@@ -24,10 +24,18 @@ from tandem.kernels import cpu as cpu_kernels
 from tandem.layers import matmul_choice
 from tandem.layers.activation import silu_and_mul
 from tandem.layers.quantized import is_quantized
+from tandem.layers.norm import RMSNorm
 from tandem.layers.rotary import Rope
 
-if TYPE_CHECKING:
-    from tandem.models.llama import LlamaModel
+
+class DecoderStack(Protocol):
+    """What the fused call reads of a Llama-family model (models/llama.py's `LlamaModel`, which
+    imports this module, so the type is named here by its shape): the decoder layers, each with
+    `self_attn`, `mlp`, `input_layernorm` and `post_attention_layernorm`, and the final norm."""
+    layers: nn.ModuleList
+    norm: RMSNorm
+
+    def parameters(self) -> Iterator[nn.Parameter]: ...
 
 _POINTERS = 11  # per layer, in cpu_decoder.c's order
 
@@ -50,7 +58,7 @@ def _f32(t: Optional[torch.Tensor]) -> bool:
     return t is None or (t.dtype is torch.float32 and t.is_cpu and t.is_contiguous())
 
 
-def _plan(model: LlamaModel) -> Optional[_Plan]:
+def _plan(model: DecoderStack) -> Optional[_Plan]:
     layers = list(model.layers)
     if not layers:
         return None
@@ -94,7 +102,7 @@ def _weight_address(module: nn.Module) -> int:
     return q.desc.data_ptr() if q is not None else module.weight.data_ptr()
 
 
-def _table(model: LlamaModel, plan: _Plan) -> Optional[torch.Tensor]:
+def _table(model: DecoderStack, plan: _Plan) -> Optional[torch.Tensor]:
     """Each layer's weight and cache addresses, rebuilt when the caches are rebound."""
     attns = [layer.self_attn.attn for layer in model.layers]
     key = (attns[0].k_cache.data_ptr(), attns[-1].v_cache.data_ptr(), attns[0].k_cache.shape)
@@ -116,7 +124,7 @@ def _table(model: LlamaModel, plan: _Plan) -> Optional[torch.Tensor]:
     return plan.table
 
 
-def fused_stack(model: LlamaModel, x: torch.Tensor, rope: Rope) -> Optional[torch.Tensor]:
+def fused_stack(model: DecoderStack, x: torch.Tensor, rope: Rope) -> Optional[torch.Tensor]:
     """The final norm's output [T, hidden] for embeddings x [T, hidden], or None where the
     fused call does not apply."""
     if not cpu_kernels.enabled() or not _f32(x) or x.shape[0] > matmul_choice.C_MAX_ROWS:

@@ -9,10 +9,14 @@ import logging
 from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING, Any, Optional, Union
 
+from tandem.distributed.parallel_config import ParallelConfig
+from tandem.loader.tokenizer import load_tokenizer
+from tandem.model_config import ModelConfig
+from tandem.quantization import resolve_quantization
+from tandem.sample.synthetic_sampler import rates_for_length
+
 if TYPE_CHECKING:
     import torch
-
-    from tandem.config import ModelConfig, ParallelConfig
 
 SUPPORTED_METHODS = ("draft_model",)
 # vLLM's other methods: recognised so the error can say "not supported" rather than "unknown".
@@ -169,19 +173,14 @@ class SpeculativeConfig:
             return None
         if self.synthetic_acceptance_rates is not None:
             return [float(r) for r in self.synthetic_acceptance_rates]
-        from tandem.sample.synthetic_sampler import rates_for_length
         return rates_for_length(float(self.synthetic_acceptance_length),
                                 self.num_speculative_tokens)
 
     def _with_draft(self, target: ModelConfig, device: torch.device) -> SpeculativeConfig:
-        from tandem.config import ModelConfig
-        from tandem.loader.tokenizer import load_tokenizer
-
         # The draft inherits dtype and seed from the target (as in vLLM).
         draft = ModelConfig.create(self.model, None, target.dtype, None, target.seed,
                                    self.revision, device, field_prefix="speculative_config.",
                                    load_format=target.load_format)
-        from tandem.quantization import resolve_quantization
         draft = replace(draft, quantization=resolve_quantization(
             self.quantization, draft.gguf_file, draft.dtype, device,
             self.draft_tensor_parallel_size or 1, field="speculative_config.quantization"))

@@ -16,6 +16,8 @@ from typing import Any, Optional, Sequence
 from tandem.entrypoints.openai.arg_values import (ArgumentError, extract_dotted, json_value,
                                                    normalize_argv, parse_bytes,
                                                    parse_max_model_len, parse_speculative_config)
+from tandem.entrypoints.openai.serve_flags import (add_compat_flags, check_compat_flags,
+                                                   config_file_args)
 
 DEFAULT_PORT = 8000
 
@@ -55,8 +57,6 @@ SPEC_KEYS_HELP = """\
 
 
 def make_serve_parser(parser: Optional[argparse.ArgumentParser] = None) -> argparse.ArgumentParser:
-    from tandem.entrypoints.openai.serve_flags import add_compat_flags
-
     p = parser or argparse.ArgumentParser(
         prog="tandem serve", epilog=SPEC_KEYS_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -173,10 +173,8 @@ def _removed_flags_message(args: argparse.Namespace, spec: Optional[dict]) -> Op
 
 def parse_serve_args(argv: Sequence[str]) -> argparse.Namespace:
     """Parse `tandem serve` arguments. Raises ArgumentError for errors we explain in one line."""
-    from tandem.entrypoints.openai.serve_flags import check_compat_flags, config_file_args
-
     try:
-        argv = config_file_args(normalize_argv(argv))
+        argv = config_file_args(normalize_argv(argv), make_serve_parser())
     except ValueError as e:
         raise ArgumentError(str(e)) from None
     normalized, dotted = extract_dotted(normalize_argv(argv), "--speculative-config")

@@ -9,8 +9,11 @@ a message that says why.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 from typing import Sequence
+
+import yaml
 
 logger = logging.getLogger("tandem")
 
@@ -78,9 +81,10 @@ def _dest(flag: str) -> str:
     return flag.lstrip("-").replace("-", "_")
 
 
-def config_file_args(argv: Sequence[str]) -> list[str]:
+def config_file_args(argv: Sequence[str], parser: argparse.ArgumentParser) -> list[str]:
     """`--config FILE`: the YAML file's keys become flags placed before the command line's, so
-    the command line wins (as in vLLM). A key `model` becomes the positional model."""
+    the command line wins (as in vLLM). A key `model` becomes the positional model. `parser` is
+    the serve parser (a key set to false becomes its `--no-FLAG`, where it has one)."""
     argv = list(argv)
     if "--config" not in argv and not any(a.startswith("--config=") for a in argv):
         return argv
@@ -97,8 +101,6 @@ def config_file_args(argv: Sequence[str]) -> list[str]:
             continue
         out.append(a)
         i += 1
-    import yaml
-
     try:
         with open(path, encoding="utf-8") as f:
             data = yaml.safe_load(f) or {}
@@ -114,26 +116,22 @@ def config_file_args(argv: Sequence[str]) -> list[str]:
         if value is True:
             flags.append(flag)
         elif value is False:  # --no-FLAG where the flag has one; else the default already
-            if "--no-" + flag[2:] in _negatable_flags():
+            if "--no-" + flag[2:] in _negatable_flags(parser):
                 flags.append("--no-" + flag[2:])
         elif value is None:
             continue
         elif isinstance(value, list):
             flags += [flag, *[str(v) for v in value]]
         elif isinstance(value, dict):
-            import json
             flags += [flag, json.dumps(value)]
         else:
             flags += [flag, str(value)]
     return flags + out
 
 
-def _negatable_flags() -> set[str]:
+def _negatable_flags(parser: argparse.ArgumentParser) -> set[str]:
     """The parser's `--no-FLAG` spellings (flags on by default, such as prefix caching)."""
-    from tandem.entrypoints.openai.args import make_serve_parser
-
-    return {o for a in make_serve_parser()._actions for o in a.option_strings
-            if o.startswith("--no-")}
+    return {o for a in parser._actions for o in a.option_strings if o.startswith("--no-")}
 
 
 def log_notes(notes: list[str]) -> None:

@@ -1,0 +1,68 @@
+"""Starting and stopping the engine core process (`python -m tandem.engine.core_process`).
+
+The API process's `EngineCoreClient.launch` spawns it with one end of a socketpair, sends it the
+configuration as the first frame, and waits for its first answer: `Ready` (it serves) or
+`StartupFailed` (why not, in one line for the user). Stopping waits for it, then kills it.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import subprocess
+import sys
+from typing import Any
+
+from tandem.engine.core_messages import FrameBuffer, Ready, StartupFailed, encode_frame
+
+logger = logging.getLogger("tandem.engine_client")
+
+
+class EngineStartupError(RuntimeError):
+    """The engine core process could not start (the message is one line for the user)."""
+
+
+def spawn_core_process(config: Any, log_stats: bool) -> tuple[socket.socket, subprocess.Popen]:
+    """Start the engine process and send it its configuration; returns our end of the channel
+    and the process. The process inherits this environment, OpenMP's variables included."""
+    ours, theirs = socket.socketpair()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tandem.engine.core_process", "--fd", str(theirs.fileno())],
+        pass_fds=[theirs.fileno()])
+    theirs.close()
+    logger.info("engine core process %d started", process.pid)
+    try:
+        ours.sendall(encode_frame((config, log_stats)))
+    except BaseException:
+        ours.close()
+        stop_process(process, 5.0)
+        raise
+    return ours, process
+
+
+def wait_ready(sock: socket.socket, process: subprocess.Popen) -> Ready:
+    frames = FrameBuffer()
+    while True:
+        data = sock.recv(1 << 20)
+        if not data:
+            code = process.wait(10)
+            raise EngineStartupError(f"the engine core process exited with status {code} "
+                                     "while starting (its log is above)")
+        for message in frames.feed(data):
+            if isinstance(message, StartupFailed):
+                process.wait(10)
+                raise EngineStartupError(message.message)
+            if isinstance(message, Ready):
+                return message
+            raise EngineStartupError(f"unexpected first message from the engine core: "
+                                     f"{type(message).__name__}")
+
+
+def stop_process(process: subprocess.Popen, timeout: float) -> None:
+    try:
+        process.wait(timeout)
+    except subprocess.TimeoutExpired:
+        logger.warning("the engine core process %d did not stop in %.0f s; killing it",
+                       process.pid, timeout)
+        process.kill()
+        process.wait(5)
