@@ -231,3 +231,41 @@ def test_grammar_gate_masks_across_the_end_of_thinking(think_model: Path) -> Non
                                        first)
     opened.consume(brace)                          # no <think>: the schema from the first token
     assert opened.phase == "grammar" and not opened.allowed()[start]
+
+
+# ---- tool calls come from the answer only ---------------------------------------------------
+
+def test_tool_parser_sees_only_the_answer() -> None:
+    """A <tool_call> the model writes while it reasons is reasoning text, not a call; the one in
+    the answer is parsed (whole and streamed alike)."""
+    from types import SimpleNamespace
+
+    from tandem.entrypoints.openai.protocol import ChatCompletionRequest
+    from tandem.entrypoints.openai.serving_chat import _ChatAssembler
+    from tandem.entrypoints.openai.tool_choice import plan_tools
+    from tandem.outputs import CompletionOutput
+
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    request = ChatCompletionRequest(messages=[{"role": "user", "content": "hi"}], tools=tools)
+    serving = SimpleNamespace(options=SimpleNamespace(response_role="assistant"),
+                              reasoning=make_reasoning_parser("deepseek_r1", _Vocab()))
+    thought = 'maybe <tool_call>{"name": "f", "arguments": {"x": 0}}</tool_call>?'
+    text = thought + '</think>ok <tool_call>{"name": "f", "arguments": {"x": 1}}</tool_call>'
+    plan = plan_tools(tools, "auto", True, "hermes")
+
+    def assembler() -> _ChatAssembler:
+        return _ChatAssembler(serving, request, "m", "id", 1, plan, REASONING)
+
+    choice = assembler()._full_choice(CompletionOutput(0, text, [], None, None, "stop"))
+    message = choice["message"]
+    assert message["reasoning_content"] == message["reasoning"] == thought
+    assert message["content"] == "ok"
+    assert [c["function"]["arguments"] for c in message["tool_calls"]] == ['{"x": 1}']
+    assert choice["finish_reason"] == "tool_calls"
+    streamed, deltas = assembler(), []
+    for i in range(0, len(text), 5):
+        deltas.append(streamed._delta(0, text[i:i + 5], i + 5 >= len(text)))
+    assert "".join(d.get("reasoning_content", "") for d in deltas) == thought
+    assert "".join(d.get("content", "") for d in deltas) == "ok "
+    calls = [c for d in deltas for c in d.get("tool_calls", [])]
+    assert [c["function"]["arguments"] for c in calls] == ['{"x": 1}']

@@ -5,12 +5,14 @@ tokens of the same greedy request, cut where its `reasoning_content` ends."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import httpx
 
 from entrypoints.server_helpers import ServerProcess
 from tiny_models import THINK_MESSAGES
+from web.browser_helpers import SCREENSHOTS
 from web.test_page import fill_request, open_page, wait_done
 
 PROMPT = THINK_MESSAGES[0]["content"]
@@ -18,8 +20,8 @@ TEXTS_JS = """(box) => [...document.querySelectorAll('#' + box + ' [data-origin]
     .map(e => e.textContent)"""
 
 
-def test_reasoning_shows_apart_from_the_answer(browser: Any, think_r1_server: ServerProcess
-                                               ) -> None:
+def test_reasoning_shows_apart_from_the_answer(browser: Any, think_r1_server: ServerProcess,
+                                               screenshot_dir: Path) -> None:
     srv = think_r1_server  # (after `browser`: a machine without one skips before the server)
     context = browser.new_context(viewport={"width": 1300, "height": 860})
     page = context.new_page()
@@ -34,6 +36,9 @@ def test_reasoning_shows_apart_from_the_answer(browser: Any, think_r1_server: Se
         reasoning = page.evaluate(TEXTS_JS, "reasoning")
         answer = page.evaluate(TEXTS_JS, "output")
         assert page.is_visible("#reasoning-box")
+        path = str(screenshot_dir / "page-reasoning.png")
+        page.screenshot(path=path)
+        SCREENSHOTS.append(path)
     finally:
         context.close()
     body = {"model": srv.model, "messages": [{"role": "user", "content": PROMPT}],
