@@ -269,3 +269,39 @@ def test_tool_parser_sees_only_the_answer() -> None:
     assert "".join(d.get("content", "") for d in deltas) == "ok "
     calls = [c for d in deltas for c in d.get("tool_calls", [])]
     assert [c["function"]["arguments"] for c in calls] == ['{"x": 1}']
+
+
+def test_grammar_after_reasoning_with_a_tli_draft(think_model: Path,
+                                                  tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Offline, a draft with another tokenizer (TLI): greedy tokens equal the plain engine's, the
+    reasoning is the unconstrained model's and the answer follows the schema."""
+    from transformers import AutoTokenizer
+
+    from tandem import LLM, SamplingParams
+    from tiny_models import build_tli_draft
+
+    tok = AutoTokenizer.from_pretrained(str(think_model))
+    ids = tok.encode(tok.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=True),
+                     add_special_tokens=False)
+    start, end = tok.convert_tokens_to_ids(["<think>", "</think>"])
+
+    def run(llm: LLM, schema: bool) -> list[int]:
+        params = SamplingParams(temperature=0, max_tokens=40,
+                                structured_outputs={"json": SCHEMA} if schema else None)
+        params._think_tags = ThinkTags(start, end, in_reasoning=True)  # as the server sets it
+        return llm.generate([{"prompt_token_ids": ids}], params,
+                            use_tqdm=False)[0].outputs[0].token_ids
+
+    plain = LLM(str(think_model))
+    free, constrained = run(plain, False), run(plain, True)
+    cut = free.index(end) + 1
+    assert constrained[:cut] == free[:cut]          # the reasoning: no grammar
+    assert set(json.loads(tok.decode(constrained[cut:]))) == {"a", "c"}
+    draft = build_tli_draft(think_model, tmp_path_factory.mktemp("think-tli"), noise=0.3)
+    tli = LLM(str(think_model), speculative_config={
+        "model": str(draft), "num_speculative_tokens": 3, "method": "draft_model",
+        "use_heterogeneous_vocab": True})
+    assert run(tli, True) == constrained
+    drafted = next(m.value for m in tli.get_metrics()
+                   if m.name == "tandem:spec_decode_num_draft_tokens")
+    assert drafted > 0
