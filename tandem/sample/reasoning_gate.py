@@ -29,7 +29,7 @@ REASONING, OPEN, GRAMMAR = "reasoning", "open", "grammar"
 class ThinkTags:
     start_token_id: int
     end_token_id: int
-    in_reasoning: bool  # the output starts inside reasoning (else it may open it with its first token)
+    in_reasoning: bool  # the output starts inside reasoning (else its first token may open it)
 
 
 class ReasoningGrammar:

@@ -12,9 +12,9 @@ check). Where the reasoning stands when the output begins is read off the prompt
   write `<think>` itself, or not), while `qwen3` needs both tags in the output: without them it
   is all content (so a model answering without thinking keeps its answer as content).
 
-A whole output is split as vLLM's `extract_reasoning` does (text before a `<think>` written by the
-model is dropped, where a stream has sent it; an output cut inside an unclosed `<think>` is all content for qwen3 and all
-reasoning for deepseek_r1). A stream is split as vLLM streams it: a tag that may be forming at
+A whole output is split as vLLM's `extract_reasoning` does (text before a `<think>` the model
+writes is dropped, though a stream has sent it already; an output cut inside an unclosed
+`<think>` is all content for qwen3 and all reasoning for deepseek_r1). A stream is split as vLLM streams it: a tag that may be forming at
 the end of a delta is held back, tags are never sent, and a qwen3 stream cut inside its think
 block has sent that text as reasoning.
 
