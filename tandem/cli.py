@@ -92,6 +92,7 @@ def serve(argv: Sequence[str], launch_time: float) -> None:
     from tandem.engine.core_launch import EngineStartupError
     from tandem.entrypoints.chat_utils import load_chat_template
     from tandem.entrypoints.openai.api_server import run_server
+    from tandem.entrypoints.openai.reasoning_parsers import make_reasoning_parser
     from tandem.loader.generation_config import sampling_defaults
     from tandem.loader.tokenizer import load_tokenizer
     from tandem.sample.grammar import GrammarCompiler
@@ -106,6 +107,7 @@ def serve(argv: Sequence[str], launch_time: float) -> None:
 
         def load_frontend() -> tuple[Any, dict, Any]:  # this process's part of the model
             tokenizer = load_tokenizer(mc)
+            make_reasoning_parser(args.reasoning_parser, tokenizer)  # the tags are in the vocab
             return (tokenizer, sampling_defaults(mc.model_dir, config.generation_config),
                     GrammarCompiler(tokenizer, mc.vocab_size))
 

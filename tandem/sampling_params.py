@@ -9,9 +9,12 @@ from __future__ import annotations
 import copy
 import math
 from dataclasses import dataclass, field
-from typing import Optional, Union
+from typing import TYPE_CHECKING, Optional, Union
 
 from tandem.sample.structured_params import StructuredOutputsParams
+
+if TYPE_CHECKING:
+    from tandem.sample.reasoning_gate import ThinkTags
 
 # Below this a temperature is numerically unstable; vLLM clamps (0, 0.01) up to 0.01.
 _MIN_TEMPERATURE = 0.01
@@ -44,6 +47,9 @@ class SamplingParams:
     # Filled by the engine: EOS plus generation-config stop ids, checked like stop_token_ids but
     # reported with stop_reason None (as vLLM does for EOS).
     _all_stop_token_ids: set[int] = field(default_factory=set, repr=False)
+    # Set by the server's reasoning parser: the grammar of structured_outputs starts after the
+    # reasoning (tandem/sample/reasoning_gate.py). None: it applies from the first token.
+    _think_tags: Optional[ThinkTags] = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if self.stop is None:

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from tiny_models import build_tiny_model, build_tli_draft  # noqa: E402
+from tiny_models import build_thinking_model, build_tiny_model, build_tli_draft  # noqa: E402
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 torch.set_num_threads(min(2, os.cpu_count() or 1))
@@ -56,3 +56,24 @@ def tli_draft(tiny_dirs, tmp_path_factory) -> str:
     the target's layers with embedding rows copied from twin tokens, so it partly agrees."""
     return str(build_tli_draft(tiny_dirs["llama"], tmp_path_factory.mktemp("tli") / "draft",
                                noise=0.3))
+
+
+@pytest.fixture(scope="session")
+def think_model(tmp_path_factory) -> Path:
+    """A tiny model that writes </think> a few tokens into its greedy answer to THINK_MESSAGES
+    (tiny_models.py)."""
+    return build_thinking_model(tmp_path_factory.mktemp("tiny-think"))
+
+
+@pytest.fixture(scope="session")
+def think_r1_server(think_model, tmp_path_factory):
+    """`tandem serve --reasoning-parser deepseek_r1` on it (shared by the API and page tests;
+    one intra-op thread, as the page tests' servers)."""
+    from entrypoints.server_helpers import start_server, stop_server
+
+    srv = start_server(str(think_model), ["--served-model-name", "think-r1",
+                                          "--reasoning-parser", "deepseek_r1",
+                                          "--enable-reasoning"],
+                       tmp_path_factory.mktemp("logs") / "think_r1.log", {"OMP_NUM_THREADS": "1"})
+    yield srv
+    stop_server(srv.proc)

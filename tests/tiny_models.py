@@ -130,6 +130,50 @@ def build_tiny_model(out_dir: Path, arch: str = "llama", seed: int = 0, num_laye
     return out_dir
 
 
+# Qwen3-Thinking-2507 / DeepSeek-R1 style: the generation prompt opens the think block, unless
+# the request passes chat_template_kwargs={"enable_thinking": false} (then it is closed, empty).
+THINKING_TEMPLATE = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] "
+    "+ '<|im_end|>' + '\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}"
+    "{% if enable_thinking is defined and enable_thinking is false %}"
+    "{{ '<think>\n\n</think>\n\n' }}{% else %}{{ '<think>\n' }}{% endif %}{% endif %}")
+
+
+THINK_MESSAGES = [{"role": "user", "content": "The capital of France is"}]
+
+
+def build_thinking_model(out_dir: Path, messages: list[dict] = THINK_MESSAGES) -> Path:
+    """A tiny llama whose tokenizer has <think> and </think> (plain added tokens, as Qwen3's)
+    and whose greedy answer to `messages` closes its reasoning at its 3rd to 6th token: the rows
+    (embedding and LM head) of the token it writes there trade places with </think>'s, which
+    relabels that token as </think> without changing what the model computes."""
+    from transformers import AddedToken, AutoModelForCausalLM, AutoTokenizer
+
+    build_tiny_model(out_dir, arch="llama", seed=0, vocab_size=386)
+    tok = AutoTokenizer.from_pretrained(str(out_dir))
+    tok.add_tokens([AddedToken("<think>", special=False, normalized=False),
+                    AddedToken("</think>", special=False, normalized=False)])
+    assert len(tok) == 386, len(tok)
+    tok.chat_template = THINKING_TEMPLATE
+    tok.save_pretrained(str(out_dir))
+    model = AutoModelForCausalLM.from_pretrained(str(out_dir), dtype=torch.float32)
+    prompt = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    ids = torch.tensor([tok.encode(prompt, add_special_tokens=False)])
+    end = tok.convert_tokens_to_ids("</think>")
+    with torch.no_grad():
+        greedy = model.generate(ids, max_new_tokens=8, do_sample=False)[0, ids.shape[1]:].tolist()
+    k = next(k for k in range(2, 6) if greedy[k] not in ids[0].tolist() + greedy[:k]
+             and greedy[k] not in (end, tok.eos_token_id))
+    with torch.no_grad():
+        for w in (model.model.embed_tokens.weight, model.lm_head.weight):
+            w[[greedy[k], end]] = w[[end, greedy[k]]]
+        relabelled = model.generate(ids, max_new_tokens=8, do_sample=False)[0, ids.shape[1]:]
+    assert relabelled.tolist().index(end) == k
+    model.save_pretrained(str(out_dir), safe_serialization=True)
+    return Path(out_dir)
+
+
 def build_small_vocab_model(out_dir: Path, seed: int, vocab_size: int = 24,
                             logit_scale: float = 3.0, noise: float = 0.0) -> Path:
     """A 2-layer llama over a word-level vocabulary of `vocab_size` tokens, small enough that the

@@ -35,6 +35,7 @@ from tandem.loader.tokenizer import load_tokenizer
 from tandem.metrics import AnyMetric
 from tandem.outputs import RequestOutput, SpecDecodeRequestStats
 from tandem.sample.grammar import GrammarCompiler, GrammarMatcher
+from tandem.sample.reasoning_gate import ReasoningGrammar
 from tandem.sample.random import SeededRandom
 from tandem.sample.synthetic_sampler import SyntheticRejectionSampler
 from tandem.sampling_params import SamplingParams
@@ -153,12 +154,19 @@ class LLMEngine:
                         eos_token_id=self.eos_token_id, parent_id=group.request_id, index=index,
                         spec_stats=SpecDecodeRequestStats() if self.proposer else None,
                         arrival_time=group.arrival_time,
-                        grammar=GrammarMatcher(group.grammar, self.model_config.vocab_size)
-                        if group.grammar is not None else None)
+                        grammar=self._grammar_matcher(group))
         group.detoks[child.request_id] = IncrementalDetokenizer(
             self.tokenizer, group.prompt_token_ids, params.stop,
             params.include_stop_str_in_output, params.skip_special_tokens)
         return child
+
+    def _grammar_matcher(self, group: RequestGroup) -> Optional[Any]:
+        """A child's own grammar state; with think tags the grammar starts after the reasoning."""
+        if group.grammar is None:
+            return None
+        matcher = GrammarMatcher(group.grammar, self.model_config.vocab_size)
+        tags = group.params._think_tags
+        return ReasoningGrammar(matcher, tags) if tags is not None else matcher
 
     def default_sampling_params(self) -> SamplingParams:
         """SamplingParams with the model's generation-config defaults (vLLM's behaviour)."""

@@ -215,7 +215,8 @@ def test_config_file_and_model_flag_forms(tmp_path: Path) -> None:
                                                 "supported: tandem's workers"),
     (["--cpu-offload-gb", "4"], "--cpu-offload-gb 4 is not supported: weights are not offloaded"),
     (["--enable-lora"], "--enable-lora True is not supported: LoRA adapters"),
-    (["--reasoning-parser", "deepseek_r1"], "--reasoning-parser deepseek_r1 is not supported"),
+    (["--reasoning-parser", "nope"], "invalid reasoning parser: nope (choose from "
+                                     "{ deepseek_r1, qwen3 })"),
     (["--tokenizer-mode", "slow"], "--tokenizer-mode slow is not supported"),
     (["--download-dir", "/x"], "--download-dir /x is not supported: models come from"),
     (["--tool-call-parser", "nope"], "invalid tool call parser: nope (choose from { hermes })"),

@@ -207,7 +207,8 @@ def run_server(args: argparse.Namespace, engine: EngineClient, chat_template: Op
                              return_tokens_as_token_ids=args.return_tokens_as_token_ids,
                              log_requests=args.enable_log_requests,
                              enable_auto_tool_choice=args.enable_auto_tool_choice,
-                             tool_call_parser=args.tool_call_parser)
+                             tool_call_parser=args.tool_call_parser,
+                             reasoning_parser=args.reasoning_parser)
     app = build_app(engine, args.served_model_name, chat_template, args.api_key,
                     model_root=args.model, launch_time=launch_time,
                     trust_request_chat_template=args.trust_request_chat_template,

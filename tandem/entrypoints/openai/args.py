@@ -131,6 +131,9 @@ def make_serve_parser(parser: Optional[argparse.ArgumentParser] = None) -> argpa
     p.add_argument("--tool-call-parser", default=None,
                    help="how tool calls are read from the model's text: hermes (the "
                         "<tool_call> JSON format of Hermes, Qwen2.5/3 and SmolLM3 templates)")
+    p.add_argument("--reasoning-parser", default=None,
+                   help="split a thinking model's output into reasoning_content and content: "
+                        "deepseek_r1 or qwen3 (<think>...</think>; see docs/serving.md)")
     p.add_argument("--api-key", nargs="+", default=None,
                    help="required bearer key(s); also TANDEM_API_KEY or VLLM_API_KEY")
     p.add_argument("--chat-template", default=None, help="a Jinja file path or inline template")
@@ -214,6 +217,11 @@ def _check_tool_flags(args: argparse.Namespace) -> None:
                             f"{{ {', '.join(sorted(TOOL_PARSERS))} }})")
     if args.enable_auto_tool_choice and args.tool_call_parser is None:
         raise ArgumentError("--enable-auto-tool-choice requires --tool-call-parser")
+    from tandem.entrypoints.openai.reasoning_parsers import REASONING_PARSERS
+
+    if args.reasoning_parser is not None and args.reasoning_parser not in REASONING_PARSERS:
+        raise ArgumentError(f"invalid reasoning parser: {args.reasoning_parser} (choose from "
+                            f"{{ {', '.join(sorted(REASONING_PARSERS))} }})")
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:

@@ -171,6 +171,7 @@ class ChatCompletionRequest(SamplingFields):
     add_special_tokens: bool = False
     chat_template: Optional[str] = None
     chat_template_kwargs: Optional[dict[str, Any]] = None
+    include_reasoning: bool = True  # with --reasoning-parser: false leaves the reasoning out
 
     @model_validator(mode="after")
     def _check_logprobs(self) -> ChatCompletionRequest:

@@ -28,6 +28,8 @@ NO_EFFECT = {
     "--swap-space": "preemption recomputes; nothing is swapped to CPU memory",
     "--max-seq-len-to-capture": "there are no CUDA graphs to capture",
     "--disable-fastapi-docs": "kept: /docs and /openapi.json describe the API",
+    "--enable-reasoning": "deprecated by vLLM 0.9 and removed in 0.10: --reasoning-parser alone "
+                          "turns reasoning output on",
 }
 
 # flag -> (the value that is fine, why other values are refused).
@@ -40,7 +42,6 @@ REFUSED_UNLESS = {
                                              "torch.distributed (the 'mp' backend); Ray is not used"),
     "--cpu-offload-gb": (0, "weights are not offloaded"),
     "--enable-lora": (False, "LoRA adapters are not supported"),
-    "--reasoning-parser": (None, "reasoning parsers are not implemented"),
     "--tokenizer-mode": ("auto", "tokenizers load through transformers' fast tokenizers"),
     "--download-dir": (None, "models come from the Hugging Face cache or the bundled copies; "
                              "set HF_HOME to move the cache"),

@@ -13,6 +13,8 @@ from tandem.entrypoints.chat_utils import apply_chat_template, run_with_time_lim
 from tandem.entrypoints.openai.errors import OpenAIError, sse_error
 from tandem.entrypoints.openai.logprobs import chat_logprobs, prompt_logprobs_json
 from tandem.entrypoints.openai.protocol import ChatCompletionRequest
+from tandem.entrypoints.openai.reasoning_parsers import (CONTENT, ReasoningStream,
+                                                         make_reasoning_parser)
 from tandem.entrypoints.openai.serving_engine import (OpenAIServing, now, random_id,
                                                       spec_metrics, usage)
 from tandem.entrypoints.openai.sse import DONE, HEADERS, MEDIA_TYPE, sse_event
@@ -26,6 +28,10 @@ UNTRUSTED_TEMPLATE = ("Chat template is passed with request, but --trust-request
 
 
 class OpenAIServingChat(OpenAIServing):
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.reasoning = make_reasoning_parser(self.options.reasoning_parser, self.tokenizer)
 
     async def render(self, request: ChatCompletionRequest, tools: Optional[ToolPlan]) -> str:
         """Messages to prompt text in a worker thread; a template sent with the request needs
@@ -63,10 +69,17 @@ class OpenAIServingChat(OpenAIServing):
         if tools is not None and tools.mode == "auto" and params.skip_special_tokens \
                 and self._tool_tags_are_special():
             params.skip_special_tokens = False  # the parser must see <tool_call> (as vLLM)
+        phase = CONTENT
+        if self.reasoning is not None:
+            phase = self.reasoning.start_phase(ids)
+            if params.structured_outputs is not None:  # the grammar starts after the reasoning
+                params._think_tags = self.reasoning.think_tags(phase)
+            if self.reasoning.tags_are_special and params.skip_special_tokens:
+                params.skip_special_tokens = False  # the parser must see the tags
         response_id = request.request_id or random_id("chatcmpl")
         await self.compile_grammar(params.structured_outputs)
         started = await self.start([(ids, params)])
-        assembler = _ChatAssembler(self, request, model, response_id, len(ids), tools)
+        assembler = _ChatAssembler(self, request, model, response_id, len(ids), tools, phase)
         if request.stream:
             return StreamingResponse(assembler.events(self.merge(started)),
                                      media_type=MEDIA_TYPE, headers=HEADERS)
@@ -80,10 +93,14 @@ class OpenAIServingChat(OpenAIServing):
 
 class _ChatAssembler:
     def __init__(self, serving: OpenAIServing, request: ChatCompletionRequest, model: str,
-                 response_id: str, prompt_tokens: int, tools: Optional[ToolPlan]) -> None:
+                 response_id: str, prompt_tokens: int, tools: Optional[ToolPlan],
+                 phase: str = CONTENT) -> None:
         self.s = serving
         self.tools = tools
         self._tool_states: dict[int, ChoiceTools] = {}
+        self.reasoning = getattr(serving, "reasoning", None)  # a reasoning parser, or None
+        self.phase = phase  # where the output begins: in reasoning, or not
+        self._reasoning_streams: dict[int, ReasoningStream] = {}
         self.request = request
         self.model = model
         self.id = response_id
@@ -127,27 +144,53 @@ class _ChatAssembler:
         return body
 
     def _full_choice(self, o: CompletionOutput) -> dict[str, Any]:
-        message: dict[str, Any] = {"role": self.role, "content": self.echo_prefix + o.text}
+        reasoning, content = None, o.text
+        if self.reasoning is not None:  # tool calls and the answer come after the reasoning
+            reasoning, content = self.reasoning.extract(o.text, self.phase)
         finish_reason = o.finish_reason
+        message: dict[str, Any] = {"role": self.role}
         if self.tools is not None:
             state = self.tools.choice_state()
-            content, calls = state.message(o.text)
-            message["content"] = (self.echo_prefix + content) if content is not None \
-                else (self.echo_prefix or None)
+            content, calls = state.message(content) if content is not None else (None, [])
             message["tool_calls"] = calls
             finish_reason = state.finish_reason(finish_reason)
+        message["content"] = (self.echo_prefix + content) if content is not None \
+            else (self.echo_prefix or None)
+        if self.reasoning is not None:
+            self._add_reasoning(message, reasoning)
         choice = {"index": o.index, "message": message, "logprobs": self._logprobs(o, 0),
                   "finish_reason": finish_reason, "stop_reason": o.stop_reason}
         if self.request.spec_decode_token_origin:
             choice.update(token_origin_fields(self.s.tokenizer, o, 0))
         return choice
 
-    def _delta(self, index: int, text: str, finished: bool) -> dict[str, Any]:
-        """The delta of new text; with tools, what the choice's tool state lets out."""
+    def _add_reasoning(self, message: dict[str, Any], reasoning: Optional[str]) -> None:
+        """vLLM's `reasoning` field and its older name `reasoning_content` (both, as vLLM sends
+        them since 0.11.1); left out with include_reasoning false."""
+        if not self.request.include_reasoning:
+            reasoning = None
+        message["reasoning"] = message["reasoning_content"] = reasoning
+
+    def _delta(self, index: int, text: str, finished: bool, prefix: str = "") -> dict[str, Any]:
+        """The delta of new text (after an echoed `prefix`): the reasoning parser's split, then
+        what the choice's tool state lets out of the content."""
+        reasoning = ""
+        if self.reasoning is not None:
+            stream = self._reasoning_streams.setdefault(index, self.reasoning.stream(self.phase))
+            reasoning, text = stream.feed(text)
+            if finished:
+                rest_reasoning, rest_text = stream.finish()
+                reasoning, text = reasoning + rest_reasoning, text + rest_text
+        text = prefix + text
+        delta: dict[str, Any] = {}
+        if reasoning and self.request.include_reasoning:
+            self._add_reasoning(delta, reasoning)
         if self.tools is None:
-            return {"content": text} if text else {}
+            if text:
+                delta["content"] = text
+            return delta
         state = self._tool_states.setdefault(index, self.tools.choice_state())
-        delta = state.feed(text)
+        delta.update(state.feed(text))
         if finished:
             for key, value in state.finish().items():
                 delta[key] = (delta.get(key, "") + value if key == "content"
@@ -181,11 +224,10 @@ class _ChatAssembler:
                         continue
                     first = o.index not in sent_text
                     text = o.text[sent_text.get(o.index, 0):]
-                    if first and self.echo_prefix:
-                        text = self.echo_prefix + text
-                    if not text and o.finish_reason is None:
+                    prefix = self.echo_prefix if first else ""
+                    if not text and not prefix and o.finish_reason is None:
                         continue  # text held back while a stop string may be forming
-                    delta = self._delta(o.index, text, o.finish_reason is not None)
+                    delta = self._delta(o.index, text, o.finish_reason is not None, prefix)
                     sent_text[o.index] = len(o.text)
                     if not delta and o.finish_reason is None:
                         continue  # held back by the tool parser (logprobs ride the next chunk)

@@ -56,6 +56,7 @@ class ServingOptions:
     log_requests: bool = False
     enable_auto_tool_choice: bool = False
     tool_call_parser: Optional[str] = None
+    reasoning_parser: Optional[str] = None
 
 
 class OpenAIServing(RequestParams):

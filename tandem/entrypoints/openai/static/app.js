@@ -7,7 +7,7 @@
 
   const $ = (id) => document.getElementById(id);
   const {ApiError, readStream} = TandemApi;
-  const {tokenTexts, tokenSpan, describe} = TandemTokens;
+  const {tokenTexts, tokenSpan, describe, reasoningFlags} = TandemTokens;
   const KEY_STORAGE = "tandem.apiKey";
   const POLL_BUSY_MS = 1000;  // /metrics while a request streams
   const POLL_IDLE_MS = 5000;  // and otherwise (other clients move the totals too)
@@ -22,6 +22,7 @@
     final: null,          // the response's metrics.speculative_decoding, once it arrives
     firstTokenAt: null,
     lastTokenAt: null,
+    inReasoning: false,   // the chat answer's reasoning is streaming (no answer text yet)
   };
 
   // ---- API access -------------------------------------------------------------------------
@@ -182,6 +183,9 @@
     state.firstTokenAt = null;
     state.lastTokenAt = null;
     $("output").textContent = "";
+    $("reasoning").textContent = "";
+    $("reasoning-box").hidden = true;
+    state.inReasoning = false;
     $("request-note").textContent = "";
     showRequest();
   }
@@ -222,6 +226,13 @@
     if (state.firstTokenAt === null) state.firstTokenAt = now;
     state.lastTokenAt = now;
     const output = $("output");
+    // Reasoning (with --reasoning-parser) goes to its own box above the answer.
+    const delta = choice.delta || {};
+    const reasoning = reasoningFlags(delta, Array.from({length: count}, (_, i) => texts[i] || ""),
+                                     state.inReasoning);
+    state.inReasoning = reasoning.length ? reasoning[reasoning.length - 1] : state.inReasoning;
+    if (delta.content) state.inReasoning = false;
+    if (reasoning.includes(true)) $("reasoning-box").hidden = false;
     // Follow the stream unless the reader has scrolled up to look at earlier tokens.
     const following = output.scrollTop + output.clientHeight >= output.scrollHeight - 8;
     for (let i = 0; i < count; i++) {
@@ -232,8 +243,9 @@
       if (origins) mark = state.stats.add(origin, guess);
       else state.stats.tokens += 1;  // counted, but no acceptance without marks
       const {kind, position} = mark;
-      output.appendChild(tokenSpan(texts[i] !== undefined ? texts[i] : "", origin, kind, position,
-                                   ids[i], logprobs[i], guess));
+      (reasoning[i] ? $("reasoning") : output).appendChild(
+        tokenSpan(texts[i] !== undefined ? texts[i] : "", origin, kind, position, ids[i],
+                  logprobs[i], guess));
     }
     if (following) output.scrollTop = output.scrollHeight;
     showRequest();
@@ -281,7 +293,7 @@
   function onHover(event) {
     const tip = $("token-tooltip");
     const span = event.target.closest ? event.target.closest(".tok") : null;
-    if (!span || !$("output").contains(span)) { tip.hidden = true; return; }
+    if (!span || !(event.currentTarget.contains(span))) { tip.hidden = true; return; }
     tip.textContent = describe(span);
     tip.hidden = false;
     const box = span.getBoundingClientRect();
@@ -297,8 +309,10 @@
   $("prompt").addEventListener("keydown", (e) => {
     if (e.key === "Enter" && (e.ctrlKey || e.metaKey)) { e.preventDefault(); generate(); }
   });
-  $("output").addEventListener("mouseover", onHover);
-  $("output").addEventListener("mouseleave", () => { $("token-tooltip").hidden = true; });
+  for (const id of ["output", "reasoning"]) {
+    $(id).addEventListener("mouseover", onHover);
+    $(id).addEventListener("mouseleave", () => { $("token-tooltip").hidden = true; });
+  }
   loadModel();
   pollMetrics();
 })();

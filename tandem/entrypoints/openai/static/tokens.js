@@ -54,5 +54,22 @@
     return lines.join("\n");
   }
 
-  root.TandemTokens = {tokenTexts, tokenSpan, describe};
+  // Which of a chat chunk's tokens are reasoning (a server with --reasoning-parser streams it as
+  // delta.reasoning_content). The reasoning text takes the first tokens; after it, a think tag
+  // stays with the reasoning, and so does every token of a chunk without answer text while the
+  // reasoning goes on (a tag the server held back); the rest are the answer's.
+  // inReasoning: whether the request's reasoning was still going on before this chunk.
+  const THINK_TAGS = ["<think>", "</think>"];
+  function reasoningFlags(delta, texts, inReasoning) {
+    const reasoning = (delta && (delta.reasoning_content || delta.reasoning)) || "";
+    const hasAnswer = !!(delta && (delta.content || (delta.tool_calls && delta.tool_calls.length)));
+    const thinking = inReasoning || reasoning !== "";
+    let left = reasoning.length;
+    return texts.map((text) => {
+      if (left > 0) { left -= text.length; return true; }
+      return thinking && (THINK_TAGS.includes(text) || !hasAnswer);
+    });
+  }
+
+  root.TandemTokens = {tokenTexts, tokenSpan, describe, reasoningFlags};
 })(window);
