@@ -1,5 +1,5 @@
 """Compiling and loading the CPU kernels (cpu_kernels.c, cpu_gemm.c, cpu_decoder.c, cpu_quant.c,
-cpu_quant_direct.c, cpu_quantize.c) here.
+cpu_quant_direct.c, cpu_quant_half.c, cpu_quantize.c) here.
 
 `TANDEM_CPU_KERNELS` chooses: `auto` (the default) compiles them with the system C compiler for
 this CPU (`-march=native`) the first time and falls back to torch ops, with one log line saying
@@ -49,6 +49,7 @@ SOURCES = {HERE / "cpu_kernels.c": ["-ffp-contract=off"],
            HERE / "cpu_decoder.c": ["-ffp-contract=off"],
            HERE / "cpu_quant.c": ["-ffp-contract=off"],
            HERE / "cpu_quant_direct.c": ["-ffp-contract=off"],
+           HERE / "cpu_quant_half.c": ["-ffp-contract=off"],
            HERE / "cpu_quantize.c": ["-ffp-contract=off"]}
 FLAGS = ["-O3", "-fPIC", "-std=gnu11", "-Wno-psabi"]
 

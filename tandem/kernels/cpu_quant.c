@@ -25,6 +25,7 @@
  *   AVX2: vpmaddubsw + vpmaddwd, 32 a step. vpmaddubsw saturates at 16 bits, fine for u <= 63,
  *     so Q8_0 keeps signed q there and multiplies |q| by sign(q) x (the sign trick);
  *   otherwise: plain C over the same lanes (portable; Arm uses it).
+ * F16 and BF16 rows (cpu_quant_half.c) are widened to float32 and multiplied with x unrounded.
  */
 #include "kernels.h"
 #include "quant_format.h"
@@ -176,7 +177,8 @@ static int read_segments(const int64_t *desc, int64_t n, int64_t k, segment *seg
         const int64_t *d = desc + 1 + 4 * s;
         seg[s] = (segment){(int)d[0], d[1], d[3], (const uint8_t *)(intptr_t)d[2]};
         int64_t block = q_block(seg[s].type);
-        if (!block || k % block || seg[s].row_bytes != k / block * q_block_bytes(seg[s].type))
+        if (!block || k % block || seg[s].row_bytes != k / block * q_block_bytes(seg[s].type)
+            || (is_half(seg[s].type) && k % 16))
             return -1;
         total += seg[s].rows;
     }
@@ -244,8 +246,9 @@ int tandem_qlinear(const float *x, const int64_t *desc, const float *bias, float
                 int64_t r0 = (bi - first[s]) * NR, nr = seg[s].rows - r0 < NR ? seg[s].rows - r0 : NR;
                 int64_t col = r0;
                 for (int64_t t = 0; t < s; t++) col += seg[t].rows;
-                int sgn = SIGNED_Q8 && seg[s].type == T_Q8_0, offsets = !sgn;
-                if (bi != unpacked && !direct) {
+                int sgn = SIGNED_Q8 && seg[s].type == T_Q8_0, half = is_half(seg[s].type);
+                int offsets = !sgn && !half;
+                if (bi != unpacked && !direct && !half) {
                     for (int j = 0; j < nr; j++) {
                         row_form r = w[j];
                         if (!sgn) r.s = NULL;
@@ -257,7 +260,10 @@ int tandem_qlinear(const float *x, const int64_t *desc, const float *bias, float
                 for (int64_t i0 = g0; i0 < g1; i0 += MR) {
                     int64_t mr = g1 - i0 < MR ? g1 - i0 : MR;
                     float out[MR * NR], off[MR * NR];
-                    if (direct)
+                    if (half)
+                        q_half(seg[s].type, seg[s].data + r0 * seg[s].row_bytes, seg[s].row_bytes,
+                               (int)nr, x + (m0 + i0) * k, mr, k, out);
+                    else if (direct)
                         q_direct(seg[s].type, seg[s].data + r0 * seg[s].row_bytes,
                                  seg[s].row_bytes, (int)nr, xq + i0 * kp, xs + i0 * (kp / 4),
                                  xb + i0 * gp, mr, k, kp, gp, out, off);
@@ -297,6 +303,10 @@ int tandem_q_rows(int type, const uint8_t *data, int64_t row_bytes, const int64_
     for (int64_t r = 0; r < count; r++) {
         const uint8_t *row = data + ids[r] * row_bytes;
         float *o = out + r * k;
+        if (is_half(type)) {
+            for (int64_t e = 0; e < k; e++) o[e] = half_at(type, row + 2 * e);
+            continue;
+        }
         for (int64_t c = 0; c < k; c += block) {
             unpack_block(type, row + c / block * bytes, u, s, a, b);
             for (int64_t e = 0; e < block; e++) {

@@ -16,7 +16,7 @@ from tandem.kernels import cpu
 
 # ggml type ids (gguf.GGMLQuantizationType) that the kernels multiply as they are.
 KERNEL_TYPES = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "Q4_K": 12, "Q5_K": 13,
-                "Q6_K": 14}
+                "Q6_K": 14, "F16": 1, "BF16": 30}
 # ...and those a float checkpoint can be quantized to at load (the `quantization` values).
 QUANTIZE_TYPES = {"q8_0": 8, "q4_0": 2, "q4_k": 12}
 

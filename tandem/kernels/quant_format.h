@@ -32,11 +32,14 @@
 #endif
 
 enum { T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q5_1 = 7, T_Q8_0 = 8, T_Q4_K = 12, T_Q5_K = 13,
-       T_Q6_K = 14 };
+       T_Q6_K = 14, T_F16 = 1, T_BF16 = 30 };
+/* F16 and BF16 are float formats (cpu_quant_half.c multiplies them with float x): "blocks" of 1. */
+static inline int is_half(int type) { return type == T_F16 || type == T_BF16; }
 static inline int64_t q_block(int type) { /* elements per block; 0: not a type of this file */
     switch (type) {
     case T_Q4_0: case T_Q4_1: case T_Q5_0: case T_Q5_1: case T_Q8_0: return 32;
     case T_Q4_K: case T_Q5_K: case T_Q6_K: return 256;
+    case T_F16: case T_BF16: return 1;
     default: return 0;
     }
 }
@@ -45,6 +48,7 @@ static inline int64_t q_block_bytes(int type) {
     switch (type) {
     case T_Q4_0: return 18; case T_Q4_1: return 20; case T_Q5_0: return 22; case T_Q5_1: return 24;
     case T_Q8_0: return 34; case T_Q4_K: return 144; case T_Q5_K: return 176; case T_Q6_K: return 210;
+    case T_F16: case T_BF16: return 2;
     default: return 0;
     }
 }
@@ -170,6 +174,16 @@ static inline void unpack_block(int type, const uint8_t *p, uint8_t *u, int8_t *
     }
     }
     block_scales(type, p, a, b);
+}
+
+/* The F16 or BF16 value stored little-endian at p, as float32 (exact). */
+static inline float half_at(int type, const uint8_t *p) {
+    uint16_t v = (uint16_t)(p[0] | p[1] << 8);
+    if (type == T_F16) return f16_to_f32(v);
+    uint32_t bits = (uint32_t)v << 16;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
 }
 
 /* Offsets and block sums are kept for a whole number of 8 groups of 16 (offsets_dot's step). */

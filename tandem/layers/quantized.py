@@ -7,7 +7,7 @@ projection): a file's blocks (`RawQuant`, from loader/gguf_loader.py) or float r
 quantizes itself (`q8_0`, `q4_0`, `q4_k`). Once loaded, `finish_quantized` turns each layer's
 parts into one `QuantizedWeight`: segments of rows, each of one ggml type, in output order (a
 Q4_K_M file mixes Q5_0 q/k with Q8_0 v in one projection). A part of a type without a kernel
-(F16, BF16, Q2_K, ...) makes that layer float32 instead: its parts are dequantized, counted,
+(Q2_K, Q3_K, ...) makes that layer float32 instead: its parts are dequantized, counted,
 and named in one log line.
 
 Rows are independent in every block format, so row ranges, llama.cpp's q/k row permutation and

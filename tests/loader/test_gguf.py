@@ -142,8 +142,11 @@ def _tiny(arch: str, tie: bool) -> Any:
 
 
 def _write_gguf(path: Path, arch: str, config: Any, state: dict[str, torch.Tensor],
-                dtypes: dict[str, Q] | None = None) -> None:
-    """Write HF weights the way llama.cpp's converter does (names, q/k permutation, Gemma's +1 norms)."""
+                dtypes: dict[str, Q] | None = None,
+                blocks: dict[str, tuple[Q, np.ndarray]] | None = None) -> None:
+    """Write HF weights the way llama.cpp's converter does (names, q/k permutation, Gemma's +1 norms).
+    `blocks` gives some tensors as ready-made blocks (uint8 [rows, bytes per row]) of a type
+    gguf-py cannot quantize to (Q2_K, ...), in place of the state's values."""
     w = gguf.GGUFWriter(str(path), arch)
     w.add_uint32(f"{arch}.block_count", config.num_hidden_layers)
     w.add_uint32(f"{arch}.context_length", config.max_position_embeddings)
@@ -171,7 +174,10 @@ def _write_gguf(path: Path, arch: str, config: Any, state: dict[str, torch.Tenso
         elif arch == "gemma3" and hf_name.endswith("norm.weight"):
             data = data + 1
         qtype = (dtypes or {}).get(hf_name, Q.F32)
-        if qtype == Q.F32:
+        if hf_name in (blocks or {}):
+            qtype, raw = blocks[hf_name]
+            w.add_tensor(_gguf_name(hf_name, arch), raw, raw_dtype=qtype)
+        elif qtype == Q.F32:
             w.add_tensor(_gguf_name(hf_name, arch), data)
         else:
             w.add_tensor(_gguf_name(hf_name, arch), gguf.quants.quantize(data, qtype), raw_dtype=qtype)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from gguf import GGMLQuantizationType as Q
@@ -79,37 +80,54 @@ def test_a_tli_draft_on_quantized_weights_stays_lossless(tiny_dirs, tli_draft, p
 
 
 @pytest.fixture(scope="module")
-def tiny_gguf(tiny_dirs, tmp_path_factory) -> Path:
-    """The tiny llama as a GGUF file that llama.cpp would write quantized: Q8_0 and Q4_1 layers,
-    one F16 projection (no kernel: its layer is dequantized), an F32 embedding table. Its
-    tokenizer is the directory's (`tokenizer=`)."""
+def tiny_gguf(wide_llama, tmp_path_factory) -> Path:
+    """A tiny llama (rows of 256 and 512) as a GGUF file that llama.cpp would write quantized:
+    Q8_0 and Q4_1 layers, one F16 and one BF16 projection (kept, widened in registers), one Q2_K
+    projection (no kernel: its layer is dequantized; random blocks, as gguf-py has no Q2_K
+    quantizer), an F32 embedding table. Its tokenizer is the directory's (`tokenizer=`)."""
     from transformers import AutoModelForCausalLM
-    model = AutoModelForCausalLM.from_pretrained(tiny_dirs["llama"], dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(wide_llama, dtype=torch.float32)
     config, state = model.config, model.state_dict()
     types = {n: Q.Q8_0 if ".self_attn." in n else Q.Q4_1 for n in state
              if n.endswith("proj.weight")}
-    types["model.layers.1.mlp.down_proj.weight"] = Q.F16
+    types["model.layers.0.mlp.up_proj.weight"] = Q.F16
+    types["model.layers.0.self_attn.o_proj.weight"] = Q.BF16
+    down = state["model.layers.1.mlp.down_proj.weight"]
+    q2k = random_blocks_q2k(down.shape[0], down.shape[1])
     path = tmp_path_factory.mktemp("gguf") / "tiny-q.gguf"
-    _write_gguf(path, "llama", config, state, types)
+    _write_gguf(path, "llama", config, state, types,
+                blocks={"model.layers.1.mlp.down_proj.weight": (Q.Q2_K, q2k)})
     return path
 
 
-def test_a_gguf_file_keeps_its_blocks_by_default(tiny_dirs, tiny_gguf, native_library, caplog):
+def random_blocks_q2k(rows: int, k: int) -> np.ndarray:
+    """uint8 [rows, k / 256 * 84]: Q2_K blocks of random bits with small float16 d and dmin."""
+    rng = np.random.default_rng(0)
+    raw = rng.integers(0, 256, (rows, k // 256, 84), dtype=np.uint8)
+    for at in (80, 82):
+        scales = rng.uniform(0, 0.01, (rows, k // 256)).astype(np.float16)
+        raw[:, :, at:at + 2] = scales.view(np.uint8).reshape(rows, k // 256, 2)
+    return raw.reshape(rows, -1)
+
+
+def test_a_gguf_file_keeps_its_blocks_by_default(wide_llama, tiny_gguf, native_library, caplog):
     with caplog.at_level(logging.INFO, logger="tandem"):
-        llm = LLM(str(tiny_gguf), tokenizer=tiny_dirs["llama"])
+        llm = LLM(str(tiny_gguf), tokenizer=wide_llama)
     text = caplog.text
-    assert "Q8_0" in text and "Q4_1" in text  # the kept types, named
-    assert "1 layer(s) dequantized to float32 at load (F16: no quantized kernel)" in text
+    assert all(t in text for t in ("Q8_0", "Q4_1", "F16", "BF16"))  # the kept types, named
+    assert "1 layer(s) dequantized to float32 at load (Q2_K: no quantized kernel)" in text
     model = llm.llm_engine.model
     assert is_quantized(model.model.layers[0].mlp.down_proj)
-    assert not is_quantized(model.model.layers[1].mlp.down_proj)  # the F16 one
+    assert is_quantized(model.model.layers[0].mlp.gate_up_proj)  # F16 up, Q4_1 gate: one weight
+    assert is_quantized(model.model.layers[0].self_attn.o_proj)  # BF16
+    assert not is_quantized(model.model.layers[1].mlp.down_proj)  # the Q2_K one
     assert model.model.layers[1].mlp.down_proj.weight.dtype == torch.float32
     ids = [[1, 5, 9, 14, 3, 7, 11]]
     native = llm.generate(ids, GREEDY, use_tqdm=False)[0].outputs[0].token_ids
-    spec = LLM(str(tiny_gguf), tokenizer=tiny_dirs["llama"], speculative_config={
-        "model": tiny_dirs["llama"], "num_speculative_tokens": 3, "quantization": "q8_0"})
+    spec = LLM(str(tiny_gguf), tokenizer=wide_llama, speculative_config={
+        "model": wide_llama, "num_speculative_tokens": 3, "quantization": "q8_0"})
     assert spec.generate(ids, GREEDY, use_tqdm=False)[0].outputs[0].token_ids == native
-    floats = LLM(str(tiny_gguf), tokenizer=tiny_dirs["llama"], quantization="none")
+    floats = LLM(str(tiny_gguf), tokenizer=wide_llama, quantization="none")
     assert _quantized_layers(floats) == 0
 
 

@@ -18,10 +18,17 @@ _F16_AT = {"Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "Q8_0": (
            "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}
 
 
+_HALF = ("F16", "BF16")  # float formats, multiplied with x unrounded (cpu_quant_half.c)
+
+
 def random_blocks(name: str, rows: int, k: int, seed: int = 0) -> torch.Tensor:
     """uint8 [rows, row bytes] of random blocks of `name` with sane float16 scales."""
     block, nbytes = quant.block_shape(quant.KERNEL_TYPES[name])
     rng = np.random.default_rng(seed)
+    if name in _HALF:
+        w = torch.from_numpy(rng.uniform(-0.05, 0.05, (rows, k)).astype(np.float32))
+        half = w.to(torch.float16 if name == "F16" else torch.bfloat16)
+        return half.view(torch.uint8).reshape(rows, 2 * k).clone()
     raw = rng.integers(0, 256, (rows, k // block, nbytes), dtype=np.uint8)
     for at in _F16_AT[name]:
         scales = rng.uniform(-0.05, 0.05, (rows, k // block)).astype(np.float16)
@@ -41,7 +48,7 @@ def _bound(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return half_steps @ w.abs().T * 1.001 + 1e-4
 
 
-@pytest.mark.parametrize("name", sorted(quant.KERNEL_TYPES))
+@pytest.mark.parametrize("name", sorted(set(quant.KERNEL_TYPES) - set(_HALF)))
 def test_dequantized_values_are_exact_and_dot_products_within_the_bound(fused, name):
     k = 512 if name.endswith("_K") else 96
     raw = random_blocks(name, 37, k)
@@ -55,6 +62,22 @@ def test_dequantized_values_are_exact_and_dot_products_within_the_bound(fused, n
     err = (w.matmul(x, None).double() - exact).abs()
     assert (err <= _bound(x, reference).double()).all(), float((err / exact.abs()).max())
     assert err.max() > 0  # the activations really are quantized: the bound is the one that binds
+
+
+@pytest.mark.parametrize("name", _HALF)
+def test_half_precision_rows_are_widened_exactly_and_multiply_unrounded_x(fused, name):
+    k = 96
+    raw = random_blocks(name, 37, k)
+    reference = torch.from_numpy(gguf_dequantize(raw.numpy(), Q[name])).float()
+    w = _weight(name, raw, k)
+    assert torch.equal(w.dequantize(), reference)
+    ids = torch.tensor([5, 0, 36, 5])
+    assert torch.equal(w.rows(ids), reference[ids])
+    x = torch.randn(9, k)
+    exact = x.double() @ reference.double().T
+    err = (w.matmul(x, None).double() - exact).abs()
+    # float32 sums only: far inside the int8 rounding of x that the block types take
+    assert (err <= 1e-6 * (x.abs().double() @ reference.abs().double().T) + 1e-7).all()
 
 
 @pytest.mark.parametrize("name", sorted(quant.KERNEL_TYPES))
