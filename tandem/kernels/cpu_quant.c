@@ -257,9 +257,10 @@ int tandem_qlinear(const float *x, const int64_t *desc, const float *bias, float
                     unpacked = bi;
                 }
                 int64_t g1 = mc - g0 < RGROUP ? mc : g0 + RGROUP;
-                for (int64_t i0 = g0; i0 < g1; i0 += MR) {
-                    int64_t mr = g1 - i0 < MR ? g1 - i0 : MR;
-                    float out[MR * NR], off[MR * NR];
+                const int64_t tile_rows = direct ? DIRECT_ROWS : MR;
+                for (int64_t i0 = g0; i0 < g1; i0 += tile_rows) {
+                    int64_t mr = g1 - i0 < tile_rows ? g1 - i0 : tile_rows;
+                    float out[2 * MR * NR], off[2 * MR * NR];
                     if (half)
                         q_half(seg[s].type, seg[s].data + r0 * seg[s].row_bytes, seg[s].row_bytes,
                                (int)nr, x + (m0 + i0) * k, mr, k, out);

@@ -93,9 +93,11 @@ static void half_tile_bf16(const uint8_t *w0, int64_t rb, int nr, const float *x
 
 int q_half(int type, const uint8_t *w0, int64_t row_bytes, int nr, const float *x, int64_t mr,
            int64_t k, float *out) {
-    if (k % 16) return -1;
-    if (type == T_F16) half_tile_f16(w0, row_bytes, nr, x, mr, k, out);
-    else if (type == T_BF16) half_tile_bf16(w0, row_bytes, nr, x, mr, k, out);
-    else return -1;
+    if (k % 16 || !is_half(type)) return -1;
+    for (int64_t i0 = 0; i0 < mr; i0 += MR) {  /* the caller's tile may be taller than MR */
+        int64_t rows = mr - i0 < MR ? mr - i0 : MR;
+        if (type == T_F16) half_tile_f16(w0, row_bytes, nr, x + i0 * k, rows, k, out + i0 * NR);
+        else half_tile_bf16(w0, row_bytes, nr, x + i0 * k, rows, k, out + i0 * NR);
+    }
     return 0;
 }
