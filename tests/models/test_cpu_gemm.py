@@ -59,7 +59,9 @@ def test_layouts_the_kernel_does_not_take_are_refused(fused):
     assert cpu_kernels.linear(torch.randn(3, 64), torch.randn(64, 32).T, None) is None
     assert cpu_kernels.linear(torch.randn(3, 64).double(), torch.randn(8, 64).double(),
                               None) is None
-    torch.testing.assert_close(linear(x, w), F.linear(x, w), rtol=0, atol=0)  # torch runs
+    # torch runs (oneDNN or BLAS, whichever the start-up timing chose on this host: their sums
+    # may differ in the last bits, so not bit-exact against F.linear)
+    torch.testing.assert_close(linear(x, w), F.linear(x, w))
 
 
 def test_the_c_kernel_runs_small_batches_where_it_wins(fused, monkeypatch):
