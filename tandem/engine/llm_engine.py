@@ -36,15 +36,34 @@ from tandem.metrics import AnyMetric
 from tandem.outputs import RequestOutput, SpecDecodeRequestStats
 from tandem.sample.grammar import GrammarCompiler, GrammarMatcher
 from tandem.sample.random import SeededRandom
+from tandem.sample.gumbel_verifier import GumbelRejectionSampler
+from tandem.sample.rejection_sampler import RejectionSampler
+from tandem.sample.sampler import Sampler
 from tandem.sample.synthetic_sampler import SyntheticRejectionSampler
 from tandem.sampling_params import SamplingParams
 from tandem.spec_decode.metrics import SpecDecodeMetrics
 from tandem.spec_decode.factory import build_proposer
+from tandem.spec_decode.config import DEFAULT_REJECTION_METHOD, SpeculativeConfig
 from tandem.spec_decode.proposer import DraftProposer
+from tandem.spec_decode.schedule import BatchSizeSchedule
 from tandem.worker.kv_cache import determine_num_blocks
 from tandem.worker.model_runner import ModelRunner, RunnerOutput
 
 logger = logging.getLogger("tandem")
+
+
+def _samplers(spec: Optional[SpeculativeConfig], seed: int
+              ) -> tuple[RejectionSampler, Sampler]:
+    """The verifier and the plain sampler for the engine's rejection_sample_method. An engine
+    without a draft samples as the default method does, so adding a draft to a server never
+    changes a seeded request's tokens under "gumbel"; steps without drafts (adaptive k = 0, a
+    request still catching up) use the plain sampler with the same noise."""
+    method = spec.rejection_sample_method if spec is not None else DEFAULT_REJECTION_METHOD
+    if method == "synthetic":  # benchmarks only
+        return SyntheticRejectionSampler(spec.acceptance_rates(), seed), Sampler()
+    if method == "gumbel":
+        return GumbelRejectionSampler(), Sampler(gumbel=True)
+    return RejectionSampler(), Sampler()
 
 
 class LLMEngine:
@@ -70,17 +89,18 @@ class LLMEngine:
         self.executor.allocate_kv(self.num_blocks)
         self.kv = KVCacheManager(self.num_blocks, cache.block_size, cache.enable_prefix_caching)
         self.scheduler = Scheduler(sched, self.kv)
-        rates = spec.acceptance_rates() if spec is not None else None  # synthetic: benchmarks
         self.runner = ModelRunner(self.executor.forward("target"), self.device, mc.vocab_size,
-                                  self.tokenizer, SyntheticRejectionSampler(rates, mc.seed)
-                                  if rates is not None else None)
+                                  self.tokenizer, *_samplers(spec, mc.seed))
         self.proposer: Optional[DraftProposer] = None
         self.spec_metrics: Optional[SpecDecodeMetrics] = None
         if spec is not None:
             self.proposer = build_proposer(config, self.executor.forward("draft"), self.kv,
                                            self.device)
             self.spec_metrics = SpecDecodeMetrics(spec.num_speculative_tokens)
-        self.drafting = (Drafting(self.proposer, spec.adaptive, self._fail)
+        self.drafting = (Drafting(self.proposer, spec.adaptive, self._fail,
+                                  BatchSizeSchedule(spec.num_speculative_tokens_per_batch_size,
+                                                    spec.num_speculative_tokens)
+                                  if spec.num_speculative_tokens_per_batch_size else None)
                          if self.proposer is not None else None)
         self.spec_tracker = SpecTracker(self.spec_metrics,
                                         spec.num_speculative_tokens if spec else 0,

@@ -1,0 +1,119 @@
+"""Drafter-invariant speculative sampling (rejection_sample_method "gumbel", the default).
+
+A seeded request's tokens are a function of (seed, position, target distribution) alone: the same
+with no draft, k = 1, 3, 5, adaptive k (here forced to change every step), a TLI draft, in a batch
+or alone, and in two fresh engines. A draft equal to its target is always accepted, even at T = 1;
+planting unshared noise breaks that."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from tandem import LLM, SamplingParams
+from tandem.sample.gumbel import _signed
+from tandem.spec_decode.adaptive import AdaptiveK
+from tiny_models import build_tiny_model
+
+PARAMS = [SamplingParams(temperature=0.8, top_p=0.95, max_tokens=24, ignore_eos=True, seed=7),
+          SamplingParams(temperature=1.0, max_tokens=24, ignore_eos=True, seed=11)]
+
+
+def _tokens(llm: LLM, prompts: list[str], params: SamplingParams) -> list[list[int]]:
+    return [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+
+
+def _spec(target: str, draft: str, k: int, **extra) -> LLM:
+    return LLM(target, seed=3, speculative_config={
+        "model": draft, "num_speculative_tokens": k, "rejection_sample_method": "gumbel",
+        **extra})
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_llama, prompts) -> list[list[list[int]]]:
+    """No draft at all: an engine without speculative_config samples by the default, gumbel."""
+    llm = LLM(tiny_llama, seed=5)
+    return [_tokens(llm, prompts[:4], p) for p in PARAMS]
+
+
+@pytest.fixture(scope="module")
+def draft(tmp_path_factory) -> str:
+    """The tiny llama's weights with a flatter LM head: the same argmax, other probabilities,
+    so under sampling it agrees only in part."""
+    return str(build_tiny_model(tmp_path_factory.mktemp("gumbel") / "draft", "llama",
+                                head_scale=2.5))
+
+
+@pytest.mark.parametrize("k", [1, 3, 5])
+def test_seeded_tokens_do_not_depend_on_k(tiny_llama, draft, prompts, reference, k):
+    llm = _spec(tiny_llama, draft, k)
+    for params, ref in zip(PARAMS, reference):
+        assert _tokens(llm, prompts[:4], params) == ref
+        # alone, not batched: the same tokens again
+        assert _tokens(llm, prompts[1:2], params) == ref[1:2]
+    accepted = sum(o.spec_decode_stats.num_accepted_tokens for o in llm.generate(
+        prompts[:4], PARAMS[1], use_tqdm=False))
+    drafted = sum(o.spec_decode_stats.num_draft_tokens for o in llm.generate(
+        prompts[:4], PARAMS[1], use_tqdm=False))
+    assert 0.1 < accepted / drafted < 0.95  # the draft must be rejected sometimes
+
+
+def test_adaptive_k_cannot_change_seeded_tokens(tiny_llama, draft, prompts, reference,
+                                                monkeypatch):
+    """Whatever adaptive speculation chooses (here a random k in 0..4 each step, as timing
+    might), the tokens stay those of plain decoding."""
+    rng = random.Random(0)
+    chosen: list[int] = []
+
+    def anything(self, batch_size: int) -> int:
+        chosen.append(rng.randint(0, self.k_max))
+        return chosen[-1]
+
+    monkeypatch.setattr(AdaptiveK, "choose", anything)
+    llm = _spec(tiny_llama, draft, 4, adaptive=True)
+    for params, ref in zip(PARAMS, reference):
+        assert _tokens(llm, prompts[:4], params) == ref
+    assert set(chosen) == {0, 1, 2, 3, 4}
+
+
+def test_tli_draft_gives_the_same_seeded_tokens(tiny_llama, tli_draft, prompts, reference):
+    llm = _spec(tiny_llama, tli_draft, 3, use_heterogeneous_vocab=True)
+    for params, ref in zip(PARAMS, reference):
+        assert _tokens(llm, prompts[:4], params) == ref
+
+
+def _self_acceptance(target: str, prompts: list[str]) -> float:
+    llm = _spec(target, target, 3)
+    outs = llm.generate(prompts, SamplingParams(temperature=1.0, max_tokens=16, ignore_eos=True),
+                        use_tqdm=False)
+    stats = [o.spec_decode_stats for o in outs]
+    return sum(s.num_accepted_tokens for s in stats) / sum(s.num_draft_tokens for s in stats)
+
+
+def test_self_draft_is_always_accepted_at_temperature_1(tiny_llama, prompts):
+    assert _self_acceptance(tiny_llama, prompts[:4]) == 1.0
+
+
+def test_planted_unshared_noise_loses_acceptance(tiny_llama, prompts, monkeypatch):
+    """The draft's noise keyed apart from the target's (a purpose of its own): still exact (the
+    target always emits its own token) but the self-draft is no longer always accepted."""
+    from tandem.sample.random import SeededRandom
+    from tandem.spec_decode import draft_inputs
+
+    def apart(md, device):
+        return torch.tensor([_signed(r.noise_key(p + (1 << 40))) for r, p in
+                             zip(md.rngs, md.positions)], dtype=torch.int64, device=device)
+
+    monkeypatch.setattr(draft_inputs, "row_keys", apart)
+    assert _self_acceptance(tiny_llama, prompts[:4]) < 0.5
+    assert SeededRandom  # the module the key comes from
+
+
+def test_two_fresh_engines_give_seeded_requests_the_same_tokens(tiny_llama, draft, prompts):
+    """The default configuration (no keys but model, k): the same seeded tokens twice."""
+    def run() -> list[list[int]]:
+        llm = LLM(tiny_llama, speculative_config={"model": draft, "num_speculative_tokens": 3})
+        return _tokens(llm, prompts[:3], PARAMS[0])
+    assert run() == run()
