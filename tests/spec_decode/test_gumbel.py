@@ -117,3 +117,23 @@ def test_two_fresh_engines_give_seeded_requests_the_same_tokens(tiny_llama, draf
         llm = LLM(tiny_llama, speculative_config={"model": draft, "num_speculative_tokens": 3})
         return _tokens(llm, prompts[:3], PARAMS[0])
     assert run() == run()
+
+
+def test_batch_size_schedule_caps_k_and_keeps_tokens(tiny_llama, draft, prompts, reference):
+    """num_speculative_tokens_per_batch_size [[1, 1, 2], [2, 64, 0]]: four requests together
+    never draft, one alone drafts 2 a step; the seeded tokens are those of plain decoding."""
+    llm = _spec(tiny_llama, draft, 3, num_speculative_tokens_per_batch_size=[[2, 64, 0],
+                                                                             [1, 1, 2]])
+    outs = llm.generate(prompts[:4], PARAMS[0], use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == reference[0]
+    assert sum(o.spec_decode_stats.num_draft_tokens for o in outs) == 0
+    alone = llm.generate(prompts[1:2], PARAMS[0], use_tqdm=False)[0]
+    assert alone.outputs[0].token_ids == reference[0][1]
+    stats = alone.spec_decode_stats
+    assert stats.num_spec_steps < stats.num_draft_tokens <= 2 * stats.num_spec_steps
+
+
+def test_batch_size_schedule_lookup_carries_k_over_gaps():
+    from tandem.spec_decode.schedule import BatchSizeSchedule
+    schedule = BatchSizeSchedule([[9, 16, 1], [1, 4, 5]], 5)  # unsorted, a gap at 5..8
+    assert [schedule.cap(b) for b in (1, 4, 5, 8, 9, 16, 17, 100)] == [5, 5, 5, 5, 1, 1, 1, 1]
