@@ -1,9 +1,10 @@
-"""Drafter-invariant speculative sampling (rejection_sample_method "gumbel", the default).
+"""Drafter-invariant speculative sampling (rejection_sample_method "gumbel").
 
 A seeded request's tokens are a function of (seed, position, target distribution) alone: the same
-with no draft, k = 1, 3, 5, adaptive k (here forced to change every step), a TLI draft, in a batch
-or alone, and in two fresh engines. A draft equal to its target is always accepted, even at T = 1;
-planting unshared noise breaks that."""
+with no drafting at all, k = 1, 3, 5, adaptive k (here forced to change every step), a batch-size
+schedule, a TLI draft, in a batch or alone, after preemption. A draft equal to its target is always
+accepted, even at T = 1; planting unshared noise breaks that. Under the default configuration two
+fresh engines give a seeded request the same tokens."""
 
 from __future__ import annotations
 
@@ -25,17 +26,28 @@ def _tokens(llm: LLM, prompts: list[str], params: SamplingParams) -> list[list[i
     return [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
 
 
-def _spec(target: str, draft: str, k: int, **extra) -> LLM:
-    return LLM(target, seed=3, speculative_config={
+def _spec(target: str, draft: str, k: int, max_model_len: int | None = None,
+          kv_cache_memory_bytes: int | None = None, **extra) -> LLM:
+    engine = {key: v for key, v in (("max_model_len", max_model_len),
+                                    ("kv_cache_memory_bytes", kv_cache_memory_bytes)) if v}
+    return LLM(target, seed=3, **engine, speculative_config={
         "model": draft, "num_speculative_tokens": k, "rejection_sample_method": "gumbel",
         **extra})
 
 
+def _never_drafts(target: str) -> LLM:
+    """Under "gumbel", but k = 0 at every batch size: the draft never runs, every token comes
+    from the plain sampler. (A draft-less engine samples as the default method, "standard".)"""
+    return _spec(target, target, 1, num_speculative_tokens_per_batch_size=[[1, 1024, 0]])
+
+
 @pytest.fixture(scope="module")
 def reference(tiny_llama, prompts) -> list[list[list[int]]]:
-    """No draft at all: an engine without speculative_config samples by the default, gumbel."""
-    llm = LLM(tiny_llama, seed=5)
-    return [_tokens(llm, prompts[:4], p) for p in PARAMS]
+    llm = _never_drafts(tiny_llama)
+    refs = [_tokens(llm, prompts[:4], p) for p in PARAMS]
+    assert sum(o.spec_decode_stats.num_draft_tokens
+               for o in llm.generate(prompts[:4], PARAMS[0], use_tqdm=False)) == 0
+    return refs
 
 
 @pytest.fixture(scope="module")
@@ -53,11 +65,10 @@ def test_seeded_tokens_do_not_depend_on_k(tiny_llama, draft, prompts, reference,
         assert _tokens(llm, prompts[:4], params) == ref
         # alone, not batched: the same tokens again
         assert _tokens(llm, prompts[1:2], params) == ref[1:2]
-    accepted = sum(o.spec_decode_stats.num_accepted_tokens for o in llm.generate(
-        prompts[:4], PARAMS[1], use_tqdm=False))
-    drafted = sum(o.spec_decode_stats.num_draft_tokens for o in llm.generate(
-        prompts[:4], PARAMS[1], use_tqdm=False))
-    assert 0.1 < accepted / drafted < 0.95  # the draft must be rejected sometimes
+    stats = [o.spec_decode_stats for o in llm.generate(prompts[:4], PARAMS[1], use_tqdm=False)]
+    acceptance = (sum(s.num_accepted_tokens for s in stats)
+                  / sum(s.num_draft_tokens for s in stats))
+    assert 0.1 < acceptance < 0.95  # the draft must be rejected sometimes
 
 
 def test_adaptive_k_cannot_change_seeded_tokens(tiny_llama, draft, prompts, reference,
@@ -112,7 +123,8 @@ def test_planted_unshared_noise_loses_acceptance(tiny_llama, prompts, monkeypatc
 
 
 def test_two_fresh_engines_give_seeded_requests_the_same_tokens(tiny_llama, draft, prompts):
-    """The default configuration (no keys but model, k): the same seeded tokens twice."""
+    """The default configuration (no keys but model, k; "standard", "auto" drafting, no adaptive):
+    the same seeded tokens twice."""
     def run() -> list[list[int]]:
         llm = LLM(tiny_llama, speculative_config={"model": draft, "num_speculative_tokens": 3})
         return _tokens(llm, prompts[:3], PARAMS[0])
@@ -137,3 +149,14 @@ def test_batch_size_schedule_lookup_carries_k_over_gaps():
     from tandem.spec_decode.schedule import BatchSizeSchedule
     schedule = BatchSizeSchedule([[9, 16, 1], [1, 4, 5]], 5)  # unsorted, a gap at 5..8
     assert [schedule.cap(b) for b in (1, 4, 5, 8, 9, 16, 17, 100)] == [5, 5, 5, 5, 1, 1, 1, 1]
+
+
+def test_preemption_keeps_seeded_tokens(tiny_llama, draft, prompts):
+    """A KV cache too small for the batch preempts and recomputes requests; the seeded tokens
+    stay those of plain decoding with room to spare."""
+    params = SamplingParams(temperature=1.0, max_tokens=40, ignore_eos=True, seed=3)
+    plain = _tokens(_never_drafts(tiny_llama), prompts, params)
+    llm = _spec(tiny_llama, draft, 3, max_model_len=256, kv_cache_memory_bytes=48 * 8192)
+    assert _tokens(llm, prompts, params) == plain
+    preemptions = [m.value for m in llm.get_metrics() if m.name == "tandem:num_preemptions"]
+    assert preemptions and preemptions[0] > 0

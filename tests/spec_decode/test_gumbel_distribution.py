@@ -1,6 +1,6 @@
 """Gumbel-max sampling draws from the target's exact distribution, plain and speculative.
 
-Plain: the Sampler with `gumbel` over 40,000 rows of one 40-token distribution (penalised,
+Plain: the Sampler with `gumbel` (what an engine under "gumbel" samples without drafts) over 40,000 rows of one 40-token distribution (penalised,
 temperature 0.8, top-p 0.95), each row its own seed, against a float64 reference by chi-square.
 Speculative: the 24-token pair and exact law of the first three tokens of
 test_spec_distribution.py, k = 2 and a partly-agreeing draft, through the engine.

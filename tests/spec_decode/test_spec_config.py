@@ -103,12 +103,12 @@ def test_speculative_config_object_and_method_default(tiny_llama):
     llm = LLM(tiny_llama, speculative_config=cfg)
     spec = llm.llm_engine.config.speculative_config
     assert spec.num_speculative_tokens == 2 and spec.draft_sample_method == "auto"
-    assert spec.rejection_sample_method == "gumbel"
+    assert spec.rejection_sample_method == "standard"
 
 
 def test_vllm_keys_without_effect_are_accepted_and_logged(tiny_llama, caplog):
     with caplog.at_level("INFO", logger="tandem"):
         LLM(tiny_llama, speculative_config={"model": tiny_llama, "num_speculative_tokens": 2,
                                             "enforce_eager": True, "code_revision": "main"})
-    assert "'enforce_eager'=True has no effect" in caplog.text
-    assert "'code_revision'='main' has no effect" in caplog.text
+    assert "speculative_config['enforce_eager']=True has no effect" in caplog.text
+    assert "speculative_config['code_revision']='main' has no effect" in caplog.text
