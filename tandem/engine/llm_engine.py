@@ -36,34 +36,15 @@ from tandem.metrics import AnyMetric
 from tandem.outputs import RequestOutput, SpecDecodeRequestStats
 from tandem.sample.grammar import GrammarCompiler, GrammarMatcher
 from tandem.sample.random import SeededRandom
-from tandem.sample.gumbel_verifier import GumbelRejectionSampler
-from tandem.sample.rejection_sampler import RejectionSampler
-from tandem.sample.sampler import Sampler
-from tandem.sample.synthetic_sampler import SyntheticRejectionSampler
 from tandem.sampling_params import SamplingParams
 from tandem.spec_decode.metrics import SpecDecodeMetrics
-from tandem.spec_decode.factory import build_proposer
-from tandem.spec_decode.config import DEFAULT_REJECTION_METHOD, SpeculativeConfig
+from tandem.spec_decode.factory import build_proposer, build_samplers
 from tandem.spec_decode.proposer import DraftProposer
 from tandem.spec_decode.schedule import BatchSizeSchedule
 from tandem.worker.kv_cache import determine_num_blocks
 from tandem.worker.model_runner import ModelRunner, RunnerOutput
 
 logger = logging.getLogger("tandem")
-
-
-def _samplers(spec: Optional[SpeculativeConfig], seed: int
-              ) -> tuple[RejectionSampler, Sampler]:
-    """The verifier and the plain sampler for the engine's rejection_sample_method. An engine
-    without a draft samples as the default method does, so adding a draft to a server never
-    changes a seeded request's tokens under "gumbel"; steps without drafts (adaptive k = 0, a
-    request still catching up) use the plain sampler with the same noise."""
-    method = spec.rejection_sample_method if spec is not None else DEFAULT_REJECTION_METHOD
-    if method == "synthetic":  # benchmarks only
-        return SyntheticRejectionSampler(spec.acceptance_rates(), seed), Sampler()
-    if method == "gumbel":
-        return GumbelRejectionSampler(), Sampler(gumbel=True)
-    return RejectionSampler(), Sampler()
 
 
 class LLMEngine:
@@ -90,7 +71,7 @@ class LLMEngine:
         self.kv = KVCacheManager(self.num_blocks, cache.block_size, cache.enable_prefix_caching)
         self.scheduler = Scheduler(sched, self.kv)
         self.runner = ModelRunner(self.executor.forward("target"), self.device, mc.vocab_size,
-                                  self.tokenizer, *_samplers(spec, mc.seed))
+                                  self.tokenizer, *build_samplers(spec, mc.seed))
         self.proposer: Optional[DraftProposer] = None
         self.spec_metrics: Optional[SpecDecodeMetrics] = None
         if spec is not None:
