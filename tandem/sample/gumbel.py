@@ -83,7 +83,3 @@ def gumbel_argmax(scores: torch.Tensor, keys: torch.Tensor,
     out = torch.full((num_rows,), vocab, dtype=torch.int64, device=scores.device)
     return out.scatter_reduce_(0, rows[win], cols[win], reduce="amin")
 
-
-def log_probs(probs: torch.Tensor) -> torch.Tensor:
-    """[B, V] processed probabilities -> their logs (-inf where 0)."""
-    return torch.log(probs)
