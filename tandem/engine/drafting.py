@@ -11,13 +11,19 @@ from tandem.core.sched_output import SchedulerOutput
 from tandem.engine.fault_isolation import propose_isolated
 from tandem.spec_decode.adaptive import AdaptiveK
 from tandem.spec_decode.proposer import DraftProposer
+from tandem.spec_decode.schedule import BatchSizeSchedule
 
 
 class Drafting:
     def __init__(self, proposer: DraftProposer, adaptive: bool,
-                 fail: Callable[[Request, BaseException], None]) -> None:
+                 fail: Callable[[Request, BaseException], None],
+                 schedule: Optional[BatchSizeSchedule] = None) -> None:
         self.proposer = proposer
         self.k_max = proposer.k
+        self.k = proposer.k  # the policy's fixed k (or adaptive's upper bound)
+        # num_speculative_tokens_per_batch_size: caps each step's k (fixed or adaptive's choice)
+        # by the number of running requests.
+        self.schedule = schedule
         self.adaptive: Optional[AdaptiveK] = AdaptiveK(proposer.k) if adaptive else None
         self.fail = fail
         # Whether the last target step was decode/verify only. After a prefill the draft, too,
@@ -35,7 +41,7 @@ class Drafting:
                              f"({self.k_max}), got {k!r}")
         if adaptive and k == 0:
             raise ValueError("adaptive speculation needs k >= 1")
-        self.proposer.k = k
+        self.proposer.k = self.k = k
         self.adaptive = AdaptiveK(k) if adaptive else None
         self._decoding = False
 
@@ -44,15 +50,17 @@ class Drafting:
         return propose_isolated(self.proposer, running, self.fail)
 
     def after_step(self, running: list[Request]) -> None:
-        k = self.proposer.k if self.adaptive is None else self.adaptive.choose(len(running))
+        k = self.k if self.adaptive is None else self.adaptive.choose(len(running))
+        if self.schedule is not None:
+            k = min(k, self.schedule.cap(len(running)))
         if k == 0:  # drafting is off, or plain decoding pays more now: skip the draft entirely
             for req in running:
                 req.awaiting_drafts = False
             return
+        self.proposer.k = k
         if self.adaptive is None:
             propose_isolated(self.proposer, running, self.fail)
             return
-        self.proposer.k = k
         t0 = time.perf_counter()
         computed = propose_isolated(self.proposer, running, self.fail)
         if self._decoding and computed > 0:

@@ -37,11 +37,11 @@ from tandem.outputs import RequestOutput, SpecDecodeRequestStats
 from tandem.sample.grammar import GrammarCompiler, GrammarMatcher
 from tandem.sample.reasoning_gate import ReasoningGrammar
 from tandem.sample.random import SeededRandom
-from tandem.sample.synthetic_sampler import SyntheticRejectionSampler
 from tandem.sampling_params import SamplingParams
 from tandem.spec_decode.metrics import SpecDecodeMetrics
-from tandem.spec_decode.factory import build_proposer
+from tandem.spec_decode.factory import build_proposer, build_samplers
 from tandem.spec_decode.proposer import DraftProposer
+from tandem.spec_decode.schedule import BatchSizeSchedule
 from tandem.worker.kv_cache import determine_num_blocks
 from tandem.worker.model_runner import ModelRunner, RunnerOutput
 
@@ -71,17 +71,18 @@ class LLMEngine:
         self.executor.allocate_kv(self.num_blocks)
         self.kv = KVCacheManager(self.num_blocks, cache.block_size, cache.enable_prefix_caching)
         self.scheduler = Scheduler(sched, self.kv)
-        rates = spec.acceptance_rates() if spec is not None else None  # synthetic: benchmarks
         self.runner = ModelRunner(self.executor.forward("target"), self.device, mc.vocab_size,
-                                  self.tokenizer, SyntheticRejectionSampler(rates, mc.seed)
-                                  if rates is not None else None)
+                                  self.tokenizer, *build_samplers(spec, mc.seed))
         self.proposer: Optional[DraftProposer] = None
         self.spec_metrics: Optional[SpecDecodeMetrics] = None
         if spec is not None:
             self.proposer = build_proposer(config, self.executor.forward("draft"), self.kv,
                                            self.device)
             self.spec_metrics = SpecDecodeMetrics(spec.num_speculative_tokens)
-        self.drafting = (Drafting(self.proposer, spec.adaptive, self._fail)
+        self.drafting = (Drafting(self.proposer, spec.adaptive, self._fail,
+                                  BatchSizeSchedule(spec.num_speculative_tokens_per_batch_size,
+                                                    spec.num_speculative_tokens)
+                                  if spec.num_speculative_tokens_per_batch_size else None)
                          if self.proposer is not None else None)
         self.spec_tracker = SpecTracker(self.spec_metrics,
                                         spec.num_speculative_tokens if spec else 0,

@@ -21,6 +21,8 @@ class Purpose(enum.IntEnum):
     SAMPLE = 1   # the token emitted at a position: from p, or from the residual after a rejection
     ACCEPT = 2   # the acceptance test of the draft at a position
     DRAFT = 3    # the draft's own sample at a position (probabilistic drafting)
+    GUMBEL = 4   # the Gumbel noise over the vocabulary at a position (sample/gumbel.py), shared
+                 # by the draft's proposal and the target's token there
 
 
 def _mix(x: int) -> int:
@@ -43,6 +45,10 @@ class SeededRandom:
     def uniform(self, position: int, purpose: Purpose) -> float:
         x = _mix(_mix(self._key ^ (position & _MASK)) ^ int(purpose))
         return (x >> 11) * _DOUBLE
+
+    def noise_key(self, position: int) -> int:
+        """64-bit key of the Gumbel noise vector at `position` (gumbel.py hashes tokens with it)."""
+        return _mix(_mix(self._key ^ (position & _MASK)) ^ int(Purpose.GUMBEL))
 
     def __repr__(self) -> str:
         return f"SeededRandom(seed={self.seed})"

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
+from tandem.sample.gumbel import gumbel_argmax, row_keys
 from tandem.sample.logits_processing import apply_penalties, compute_probs
 from tandem.sample.logprobs import LogprobsTensors, compute_logprobs
 from tandem.sample.metadata import SamplingMetadata
@@ -43,7 +44,12 @@ def sample_from_probs(probs: torch.Tensor, md: SamplingMetadata,
 
 class Sampler:
     """Greedy rows take the argmax of the penalised logits; random rows draw from
-    compute_probs with their own keyed uniform (greedy rows use no randomness)."""
+    compute_probs with their own keyed uniform (greedy rows use no randomness), or, with
+    `gumbel`, take the Gumbel-max of its logs with the row's noise at its position (gumbel.py:
+    the token a speculative step would emit there, whatever the draft)."""
+
+    def __init__(self, gumbel: bool = False) -> None:
+        self.gumbel = gumbel
 
     def __call__(self, logits: torch.Tensor, md: SamplingMetadata,
                  num_logprobs: int | None = None) -> SamplerOutput:
@@ -57,7 +63,10 @@ class Sampler:
             sub_md = md.select(random_rows.tolist())
             probs = compute_probs(logits[random_rows.to(logits.device)], sub_md,
                                   apply_penalty=False)                   # [R, V]
-            drawn = sample_from_probs(probs, sub_md)                     # [R]
+            if self.gumbel:
+                drawn = gumbel_argmax(torch.log(probs), row_keys(sub_md, probs.device))
+            else:
+                drawn = sample_from_probs(probs, sub_md)                 # [R]
             sampled[random_rows.to(sampled.device)] = drawn
         out_logprobs = None
         if num_logprobs is not None:

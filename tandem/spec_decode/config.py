@@ -22,8 +22,13 @@ SUPPORTED_METHODS = ("draft_model",)
 # vLLM's other methods: recognised so the error can say "not supported" rather than "unknown".
 VLLM_METHODS = ("ngram", "medusa", "mlp_speculator", "draft_model", "suffix", "custom_class", "eagle",
                 "eagle3", "extract_hidden_states", "mtp", "dflash", "ngram_gpu", "dspark")
-DRAFT_SAMPLE_METHODS = ("greedy", "probabilistic")
-REJECTION_METHODS = ("standard", "synthetic")
+# "auto" (tandem's, the default): probabilistic drafting for sampled requests, greedy for greedy
+# ones. "probabilistic" does the same per row (a greedy request's q is one-hot at its argmax).
+DRAFT_SAMPLE_METHODS = ("auto", "greedy", "probabilistic")
+# "gumbel" (tandem's): drafter-invariant Gumbel-max coupling (sample/gumbel.py). Not the default:
+# on the TLI pair its acceptance is 6-10% below standard's (docs/speculation.md).
+REJECTION_METHODS = ("gumbel", "standard", "synthetic")
+DEFAULT_REJECTION_METHOD = "standard"
 # How a TLI draft sees a target token without a twin in its vocabulary (tandem's own key).
 FEEDBACK_MODES = ("reencode", "unk")
 MAX_SPEC_LEN = 128  # vLLM's rejection sampler bound
@@ -41,16 +46,23 @@ class SpeculativeConfig:
     revision: Optional[str] = None
     # vLLM's key: how the draft's weights are quantized (tandem/quantization.py's values)
     quantization: Optional[str] = None
-    draft_sample_method: str = "greedy"
+    draft_sample_method: str = "auto"
     use_heterogeneous_vocab: bool = False
     heterogeneous_vocab_feedback: str = "reencode"
     # tandem's own: choose the number of drafts every step, 0..num_speculative_tokens, from
     # measured acceptance and costs (spec_decode/adaptive.py)
     adaptive: bool = False
     # Benchmarking only, not lossless (sample/synthetic_sampler.py), as in vLLM.
-    rejection_sample_method: str = "standard"
+    rejection_sample_method: str = DEFAULT_REJECTION_METHOD
     synthetic_acceptance_rates: Optional[list[float]] = None
     synthetic_acceptance_length: Optional[float] = None
+    # vLLM's dynamic speculative decoding: [[start, end, k], ...] inclusive batch-size ranges;
+    # k is capped to the range's value at that many running requests (schedule.py).
+    num_speculative_tokens_per_batch_size: Optional[list] = None
+    # vLLM's keys with nothing to act on here (no CUDA graphs; no remote model code): accepted
+    # and logged.
+    enforce_eager: Optional[bool] = None
+    code_revision: Optional[str] = None
     # Filled by create(): the draft's resolved model config, and whether the draft's tokenizer
     # differs from the target's (then drafting goes through the TLI vocabulary mapping).
     draft_model_config: Optional[Any] = None
@@ -122,6 +134,10 @@ class SpeculativeConfig:
             raise ValueError(f"draft_sample_method must be one of {list(DRAFT_SAMPLE_METHODS)}, "
                              f"got {self.draft_sample_method!r}.")
         self._verify_synthetic()
+        if self.num_speculative_tokens_per_batch_size is not None:
+            from tandem.spec_decode.schedule import validate_schedule
+            validate_schedule(self.num_speculative_tokens_per_batch_size, k)
+        self._log_no_effect()
         if not isinstance(self.adaptive, bool):
             raise ValueError(f"adaptive must be true or false, got {self.adaptive!r}.")
         if not isinstance(self.use_heterogeneous_vocab, bool):
@@ -134,6 +150,22 @@ class SpeculativeConfig:
                                                or self.max_model_len < 1):
             raise ValueError("speculative_config['max_model_len'] must be a positive integer, got "
                              f"{self.max_model_len!r}.")
+
+    def _log_no_effect(self) -> None:
+        if self.enforce_eager is not None:
+            if not isinstance(self.enforce_eager, bool):
+                raise ValueError(f"speculative_config['enforce_eager'] must be true or false, got "
+                                 f"{self.enforce_eager!r}.")
+            logger.info("speculative_config['enforce_eager']=%s has no effect in tandem: the "
+                        "draft always runs eagerly (there are no CUDA graphs to capture).",
+                        self.enforce_eager)
+        if self.code_revision is not None:
+            if not isinstance(self.code_revision, str):
+                raise ValueError("speculative_config['code_revision'] must be a string, got "
+                                 f"{self.code_revision!r}.")
+            logger.info("speculative_config['code_revision']=%r has no effect in tandem: it "
+                        "runs its own model code, never code from the model's repository.",
+                        self.code_revision)
 
     def _verify_synthetic(self) -> None:
         method, k = self.rejection_sample_method, self.num_speculative_tokens

@@ -2,6 +2,8 @@
 
 `SharedVocabDraft`: a draft with the target's tokenizer reads the target's token ids and block
 tables, and its ids are target ids (only padded vocabularies may differ).
+Under rejection_sample_method "gumbel" both propose the Gumbel-max of q with the noise the target
+reads at the same output position (sample/gumbel.py), keyed by target token ids, and keep no q.
 `TLIDraft`: a draft with another tokenizer keeps its own token sequence (translated from the
 target's by `TargetToDraft`) and blocks of its own, proposes only inside the vocabulary
 intersection, and hands the verifier target ids and q placed in the target's vocabulary.
@@ -18,6 +20,7 @@ import torch
 
 from tandem.core.kv_cache_manager import KVCacheManager
 from tandem.core.request import Request
+from tandem.sample.gumbel import gumbel_argmax, row_keys
 from tandem.sample.logits_processing import compute_probs
 from tandem.sample.metadata import SamplingMetadata
 from tandem.sample.random import Purpose
@@ -30,10 +33,12 @@ Proposal = tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]
 
 
 class SharedVocabDraft:
-    def __init__(self, kv: KVCacheManager, target_vocab_size: int, probabilistic: bool) -> None:
+    def __init__(self, kv: KVCacheManager, target_vocab_size: int, probabilistic: bool,
+                 gumbel: bool = False) -> None:
         self.kv = kv
         self.vocab_size = target_vocab_size
         self.probabilistic = probabilistic
+        self.gumbel = gumbel  # propose the Gumbel-max of q with the target's noise (no q kept)
 
     def context_end(self, req: Request, drafting: bool) -> int:
         """Positions the draft's KV must cover before it drafts: the target's computed tokens
@@ -58,6 +63,9 @@ class SharedVocabDraft:
         if not self.probabilistic or md.all_greedy:  # q would be one-hot at the argmax
             ids = logits.argmax(dim=-1)
             return ids, ids, None
+        if self.gumbel:
+            ids = _gumbel_draft(compute_probs(logits, md, apply_penalty=False), md, None)
+            return ids, ids, None
         # q is exactly the distribution the draft token is drawn from; penalties are skipped
         # (any q keeps the output exact, the rejection sampler corrects for it).
         q = compute_probs(logits, md, apply_penalty=False)  # [B, V]
@@ -67,11 +75,12 @@ class SharedVocabDraft:
 
 class TLIDraft:
     def __init__(self, kv: KVCacheManager, mapping: VocabMapping, feedback: TargetToDraft,
-                 probabilistic: bool) -> None:
+                 probabilistic: bool, gumbel: bool = False) -> None:
         self.kv = kv
         self.mapping = mapping
         self.feedback = feedback
         self.probabilistic = probabilistic
+        self.gumbel = gumbel
         self.outside = ~mapping.draft_mask  # [V_draft] True where the draft may not propose
 
     def context_end(self, req: Request, drafting: bool) -> int:
@@ -113,10 +122,23 @@ class TLIDraft:
             draft_ids = logits.argmax(dim=-1)                         # [B]
             return draft_ids, m.draft_to_target[draft_ids], None
         q_draft = compute_probs(logits, md, apply_penalty=False)      # [B, V_draft], 0 outside I
+        if self.gumbel:
+            # Draft token d reads the noise of its twin d2t[d], the target token it proposes,
+            # so q close to p picks the token p picks. Tokens outside I have q = 0 (log -inf)
+            # and never read noise (their -1 twin is clamped only to keep the gather valid).
+            draft_ids = _gumbel_draft(q_draft, md, m.draft_to_target.clamp(min=0))
+            return draft_ids, m.draft_to_target[draft_ids], None
         draft_ids = sample_from_probs(q_draft, md, Purpose.DRAFT)     # [B]
         q = q_draft.new_zeros(q_draft.shape[0], m.target_vocab_size)  # [B, V_target]
         q.index_copy_(1, m.target_ids, q_draft.index_select(1, m.draft_ids))
         return draft_ids, m.draft_to_target[draft_ids], q
+
+
+def _gumbel_draft(q: torch.Tensor, md: SamplingMetadata,
+                  token_ids: Optional[torch.Tensor]) -> torch.Tensor:
+    """[B, V] draft distribution -> [B] int64 its Gumbel-max with each row's noise at its position
+    (the noise the target's token there reads); greedy rows have a one-hot q: its argmax."""
+    return gumbel_argmax(torch.log(q), row_keys(md, q.device), token_ids)
 
 
 def _fit_vocab(logits: torch.Tensor, vocab_size: int) -> torch.Tensor:

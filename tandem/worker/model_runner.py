@@ -68,13 +68,14 @@ def make_batch(token_ids: list[list[int]], starts: list[int], block_tables: list
 class ModelRunner:
     def __init__(self, forward: Callable[[ForwardBatch, torch.Tensor], torch.Tensor],
                  device: torch.device, vocab_size: int, tokenizer,
-                 rejection_sampler: Optional[RejectionSampler] = None) -> None:
+                 rejection_sampler: Optional[RejectionSampler] = None,
+                 sampler: Optional[Sampler] = None) -> None:
         self.forward = forward  # the executor's target forward (every rank, in lockstep)
         self.device = device
         self.vocab_size = vocab_size
         self.tokenizer = tokenizer
-        self.sampler = Sampler()
-        self.rejection_sampler = rejection_sampler or RejectionSampler()  # or synthetic
+        self.sampler = sampler or Sampler()
+        self.rejection_sampler = rejection_sampler or RejectionSampler()  # or gumbel, synthetic
 
     def execute(self, sched: SchedulerOutput) -> RunnerOutput:
         out = RunnerOutput()

@@ -27,7 +27,33 @@ from tiny_models import build_tiny_model
      "speculative_draft_tensor_parallel_size=3 cannot be other value than 1 or target model "
      "tensor_parallel_size"),
     ({"model": "D", "num_speculative_tokens": 3, "draft_sample_method": "beam"},
-     "draft_sample_method must be one of ['greedy', 'probabilistic'], got 'beam'."),
+     "draft_sample_method must be one of ['auto', 'greedy', 'probabilistic'], got 'beam'."),
+    ({"model": "D", "num_speculative_tokens": 3, "rejection_sample_method": "coupled"},
+     "rejection_sample_method 'coupled' is unknown; supported: ['gumbel', 'standard', "
+     "'synthetic']."),
+    ({"model": "D", "num_speculative_tokens": 3,
+      "num_speculative_tokens_per_batch_size": [[1, 4, 3], [4, 8, 1]]},
+     "speculative_config['num_speculative_tokens_per_batch_size']: batch-size ranges must not "
+     "overlap (ranges are inclusive), got [[1, 4, 3], [4, 8, 1]]."),
+    ({"model": "D", "num_speculative_tokens": 3,
+      "num_speculative_tokens_per_batch_size": [[1, 4, 5]]},
+     "k=5 in [1, 4, 5] is above num_speculative_tokens=3"),
+    ({"model": "D", "num_speculative_tokens": 3,
+      "num_speculative_tokens_per_batch_size": [[2, 4, 1]]},
+     "the first batch-size range must start at 1"),
+    ({"model": "D", "num_speculative_tokens": 3,
+      "num_speculative_tokens_per_batch_size": [[1, 4]]},
+     "each entry must be 3 integers [range_start, range_end, num_speculative_tokens], got [1, 4]"),
+    ({"model": "D", "num_speculative_tokens": 3,
+      "num_speculative_tokens_per_batch_size": [[1, 4, -1]]},
+     "num_speculative_tokens values must be >= 0, got -1"),
+    ({"model": "D", "num_speculative_tokens": 3,
+      "num_speculative_tokens_per_batch_size": [[5, 4, 1]]},
+     "batch-size range start must be <= end for (5, 4, 1)"),
+    ({"model": "D", "num_speculative_tokens": 3, "num_speculative_tokens_per_batch_size": []},
+     "must be a non-empty list of [range_start, range_end, num_speculative_tokens] entries"),
+    ({"model": "D", "num_speculative_tokens": 3, "enforce_eager": "yes"},
+     "speculative_config['enforce_eager'] must be true or false, got 'yes'."),
     ({"model": "D", "num_speculative_tokens": 3, "use_heterogeneous_vocab": True,
       "method": "ngram"},
      "use_heterogeneous_vocab only works with method='draft_model', got method='ngram'."),
@@ -76,4 +102,13 @@ def test_speculative_config_object_and_method_default(tiny_llama):
     cfg = SpeculativeConfig(model=tiny_llama, num_speculative_tokens=2)
     llm = LLM(tiny_llama, speculative_config=cfg)
     spec = llm.llm_engine.config.speculative_config
-    assert spec.num_speculative_tokens == 2 and spec.draft_sample_method == "greedy"
+    assert spec.num_speculative_tokens == 2 and spec.draft_sample_method == "auto"
+    assert spec.rejection_sample_method == "standard"
+
+
+def test_vllm_keys_without_effect_are_accepted_and_logged(tiny_llama, caplog):
+    with caplog.at_level("INFO", logger="tandem"):
+        LLM(tiny_llama, speculative_config={"model": tiny_llama, "num_speculative_tokens": 2,
+                                            "enforce_eager": True, "code_revision": "main"})
+    assert "speculative_config['enforce_eager']=True has no effect" in caplog.text
+    assert "speculative_config['code_revision']='main' has no effect" in caplog.text

@@ -64,7 +64,8 @@ def _sample(pair, method: str, adaptive: bool = False,
             quantization: str | None = None) -> tuple[np.ndarray, float]:
     llm = LLM(pair[0], seed=1234, quantization=quantization, speculative_config={
         "model": pair[1], "num_speculative_tokens": 2, "draft_sample_method": method,
-        "adaptive": adaptive, "quantization": quantization})
+        "adaptive": adaptive, "quantization": quantization,
+        "rejection_sample_method": "standard"})  # gumbel: test_gumbel_distribution.py
     # Two requests of n = NUM_SAMPLES / 2 (n is capped at 16384, as in vLLM).
     outs = llm.generate([PROMPT] * 2, SamplingParams(n=NUM_SAMPLES // 2, temperature=TEMPERATURE,
                                                      top_p=TOP_P, max_tokens=4, ignore_eos=True),

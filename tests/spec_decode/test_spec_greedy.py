@@ -138,7 +138,8 @@ def test_greedy_beside_sampled_requests_with_fewer_drafts(tiny_dirs, prompts):
     greedy request must still verify (it once failed: draft_probs had fewer rows than drafts)."""
     target = tiny_dirs["llama"]
     llm = LLM(model=target, speculative_config={"model": target, "num_speculative_tokens": 3,
-                                                "draft_sample_method": "probabilistic"})
+                                                "draft_sample_method": "probabilistic",
+                                                "rejection_sample_method": "standard"})
     greedy = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
     sampled = SamplingParams(temperature=1.0, seed=5, max_tokens=3, ignore_eos=True)
     outs = llm.generate([prompts[0], prompts[1]], [greedy, sampled], use_tqdm=False)

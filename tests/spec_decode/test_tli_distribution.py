@@ -78,7 +78,7 @@ def exact(pair, prompt) -> dict[tuple[int, int, int], float]:
 def _sample(pair, prompt, method: str) -> tuple[np.ndarray, float]:
     llm = LLM(pair[0], seed=1234, speculative_config={
         "model": pair[1], "num_speculative_tokens": 2, "use_heterogeneous_vocab": True,
-        "draft_sample_method": method})
+        "draft_sample_method": method, "rejection_sample_method": "standard"})
     out = llm.generate([prompt], SamplingParams(n=NUM_SAMPLES, temperature=TEMPERATURE,
                                                 top_k=TOP_K, top_p=TOP_P, max_tokens=4,
                                                 ignore_eos=True), use_tqdm=False)[0]

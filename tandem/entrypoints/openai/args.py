@@ -38,7 +38,8 @@ SPEC_KEYS_HELP = """\
   model                         the draft model (directory, Hub id or GGUF file); required
   num_speculative_tokens        draft tokens per step, 1..128; required
   method                        "draft_model" (the default and only method)
-  draft_sample_method           "greedy" (default) or "probabilistic"
+  draft_sample_method           "auto" (default: from the request's own distribution, greedy for
+                                greedy requests), "probabilistic" (the same) or "greedy" (argmax)
   draft_tensor_parallel_size    1 (the draft beside rank 0) or the target's -tp
   max_model_len                 the draft's context; drafting stops past it
   revision                      the draft's revision on the Hub
@@ -47,12 +48,19 @@ SPEC_KEYS_HELP = """\
   use_heterogeneous_vocab       true: a draft with another tokenizer (Token-Level Intersection)
   heterogeneous_vocab_feedback  "reencode" (default) or "unk": how target tokens the draft's
                                 vocabulary lacks reach the draft
-  rejection_sample_method       "standard" (default) or "synthetic" (benchmarks only, not
-                                lossless; with synthetic_acceptance_rates [per position] or
+  rejection_sample_method       "standard" (default, Leviathan et al.), "gumbel" (drafter-
+                                invariant: a seeded request gets the same tokens whatever the
+                                draft, k or adaptive choice) or "synthetic" (benchmarks only,
+                                not lossless; with
+                                synthetic_acceptance_rates [per position] or
                                 synthetic_acceptance_length; serve needs
                                 --allow-synthetic-acceptance)
   adaptive                      true: choose 0..num_speculative_tokens drafts every step from
                                 measured acceptance and costs (tandem's own key)
+  num_speculative_tokens_per_batch_size
+                                [[start, end, k], ...]: at most k drafts while start..end
+                                requests run (inclusive; caps adaptive's choice too)
+  enforce_eager, code_revision  accepted for vLLM compatibility; no effect (logged)
 """
 
 
