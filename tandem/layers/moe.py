@@ -81,15 +81,21 @@ class SparseMoeBlock(nn.Module):
         tokens = order // k  # [T k] the token of each sorted slot
         slot_weights = weights.reshape(-1)[order].unsqueeze(1)  # [T k, 1]
         out = torch.zeros_like(x)
+        single = x.shape[0] == 1  # a decode step of one stream: no gather or scatter needed
         start = 0
         for e, n in enumerate(counts):
             if n == 0:
                 continue  # never read: only selected experts cost memory traffic
             expert = self.experts[e]
             rows = tokens[start:start + n]  # [n]
-            h = linear(x.index_select(0, rows), _weight(expert.gate_up_proj))  # [n, 2 I/tp]
+            h = x if single else x.index_select(0, rows)  # [n, hidden]
+            h = linear(h, _weight(expert.gate_up_proj))  # [n, 2 I/tp]
             y = linear(self.act(h), _weight(expert.down_proj))  # [n, hidden], this rank's part
-            out.index_add_(0, rows, y * slot_weights[start:start + n])
+            y = y * slot_weights[start:start + n]
+            if single:
+                out.add_(y)  # the same single float add per element as index_add_
+            else:
+                out.index_add_(0, rows, y)
             start += n
         # One reduction for the whole block (each expert's down projection is row-parallel).
         return self.group.all_reduce(out)
