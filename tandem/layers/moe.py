@@ -25,6 +25,7 @@ from torch import nn
 from tandem.distributed.parallel_state import current_group
 from tandem.layers.activation import get_act_and_mul
 from tandem.layers.linear import MergedColumnParallelLinear, RowParallelLinear, linear
+from tandem.layers.quantized import QuantizedWeight
 
 
 class TopKRouter(nn.Module):
@@ -73,6 +74,8 @@ class SparseMoeBlock(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [T, hidden] -> [T, hidden]."""
         weights, ids = self.gate(x)  # [T, k] each
+        if x.shape[0] == 1:
+            return self.group.all_reduce(self._one_row(x, weights[0], ids[0]))
         k = ids.shape[1]
         flat = ids.reshape(-1)  # [T k]: slot s is token s // k's choice number s % k
         # Slots grouped by expert; stable, so each expert's rows keep token order.
@@ -81,21 +84,36 @@ class SparseMoeBlock(nn.Module):
         tokens = order // k  # [T k] the token of each sorted slot
         slot_weights = weights.reshape(-1)[order].unsqueeze(1)  # [T k, 1]
         out = torch.zeros_like(x)
-        single = x.shape[0] == 1  # a decode step of one stream: no gather or scatter needed
         start = 0
         for e, n in enumerate(counts):
             if n == 0:
                 continue  # never read: only selected experts cost memory traffic
             expert = self.experts[e]
             rows = tokens[start:start + n]  # [n]
-            h = x if single else x.index_select(0, rows)  # [n, hidden]
-            h = linear(h, _weight(expert.gate_up_proj))  # [n, 2 I/tp]
+            h = linear(x.index_select(0, rows), _weight(expert.gate_up_proj))  # [n, 2 I/tp]
             y = linear(self.act(h), _weight(expert.down_proj))  # [n, hidden], this rank's part
-            y = y * slot_weights[start:start + n]
-            if single:
-                out.add_(y)  # the same single float add per element as index_add_
-            else:
-                out.index_add_(0, rows, y)
+            out.index_add_(0, rows, y * slot_weights[start:start + n])
             start += n
         # One reduction for the whole block (each expert's down projection is row-parallel).
         return self.group.all_reduce(out)
+
+    def _one_row(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """A one-row step (single-stream decode), x [1, hidden], weights/ids [k]: forward's
+        arithmetic (each expert's matmuls, then out += w * y in ascending expert order) without
+        the gather and scatter, and with every selected expert's gate/up in one call where they
+        are quantized (each output is the same fixed-order dot product in any call)."""
+        chosen = ids.tolist()
+        order = sorted(range(len(chosen)), key=chosen.__getitem__)  # ascending expert id
+        experts = [self.experts[chosen[i]] for i in order]
+        gate_ups = [e.gate_up_proj.qweight for e in experts]
+        if all(q is not None for q in gate_ups):
+            both = QuantizedWeight([s for q in gate_ups for s in q.segments])
+            h = both.matmul(x, None).view(len(experts), -1)  # [k, 2 I/tp]
+        else:
+            h = torch.cat([linear(x, _weight(e.gate_up_proj)) for e in experts])
+        act = self.act(h)  # [k, I/tp]
+        out = torch.zeros_like(x)
+        for i, expert in enumerate(experts):
+            y = linear(act[i:i + 1], _weight(expert.down_proj))  # [1, hidden]
+            out.add_(y * weights[order[i]])  # the one float add per element of index_add_
+        return out

@@ -20,9 +20,11 @@ from tandem.attention.context import forward_context
 from tandem.attention.metadata import build_attention_metadata
 from tandem.distributed.tp_check import allowed_tp_sizes
 from tandem.layers.moe import SparseMoeBlock, TopKRouter
-from tandem.layers.quantized import is_quantized
+from tandem.kernels import cpu as cpu_kernels
+from tandem.layers.quantized import finish_quantized, is_quantized, quantized_build
 from tandem.loader.gguf_loader import iter_gguf_tensors, load_gguf_config, read_gguf
 from tandem.loader.weights import iter_safetensors
+from tandem.models.loading import _random_weights
 from tandem.models.qwen3_moe import Qwen3MoeForCausalLM
 from tandem.models.registry import build_model, model_class
 from tiny_moe import build_tiny_moe
@@ -50,6 +52,7 @@ def plain(moe_dir, prompts) -> list[list[int]]:
 
 
 def _ours(model_dir: str):
+    cpu_kernels.configure(torch.device("cpu"))  # as load_model does: our row-exact kernels
     model = build_model(AutoConfig.from_pretrained(model_dir), torch.float32,
                         torch.device("cpu"), iter_safetensors(model_dir))
     for attn in model.attention_layers():
@@ -79,8 +82,7 @@ def _record(routers: list[torch.nn.Module], index: int) -> list[list[torch.Tenso
 
 
 def _reference_routing(reference, ids: list[int]) -> list[torch.Tensor]:
-    """transformers' top-k expert ids per sparse layer for the sequence, [len(ids), k] each,
-    and its router probabilities (to tell a real disagreement from a float near-tie)."""
+    """transformers' top-k expert ids per sparse layer for the sequence, [len(ids), k] each."""
     routers = [m for m in reference.modules() if type(m).__name__ == "Qwen3MoeTopKRouter"]
     calls = _record(routers, 2)
     with torch.no_grad():
@@ -239,3 +241,24 @@ def test_gguf_from_llama_cpp_converter_equals_the_directory(tmp_path, prompts, n
     # which splits digits unlike the directory's tokenizer.
     ids = [{"prompt_token_ids": AutoTokenizer.from_pretrained(src).encode(p)} for p in prompts]
     assert _tokens(llm, ids) == _tokens(LLM(str(src), quantization="q8_0"), ids)
+
+
+@pytest.mark.parametrize("mode", [None, "q8_0"])
+def test_one_row_step_equals_that_row_in_any_batch(mode, native_library):
+    """A single-stream decode step takes its own path (no gather or scatter; quantized experts'
+    gate/up in one call); its bits equal the same row's in a batch of any composition."""
+    cpu_kernels.configure(torch.device("cpu"))
+    with quantized_build(mode):
+        block = SparseMoeBlock(64, 32, 8, 2, True, "silu")
+    _random_weights(block, seed=0)
+    finish_quantized(block)
+    assert is_quantized(block.experts[0].gate_up_proj) == (mode is not None)
+    with torch.no_grad():
+        block.gate.weight.normal_(0.0, 1.0)  # clear routing choices
+        x = torch.randn(5, 64, generator=torch.Generator().manual_seed(1))
+        alone = torch.cat([block(x[i:i + 1]) for i in range(5)])
+        for batch in (x, x.flip(0), x[1:4]):
+            together = block(batch)
+            for row in range(batch.shape[0]):
+                i = next(j for j in range(5) if torch.equal(x[j], batch[row]))
+                assert torch.equal(together[row], alone[i]), (mode, row)
