@@ -15,7 +15,6 @@ import argparse
 import contextlib
 import fcntl
 import json
-import platform
 import sys
 import tempfile
 import time
@@ -83,6 +82,7 @@ def main() -> None:
                     "while timing (e.g. /tmp/tandem-heavy.lock)")
     args = ap.parse_args()
     from tandem import LLM
+    from tandem.bench.common import machine
 
     with tempfile.TemporaryDirectory() as d:
         with locked(args.lock, exclusive=False):
@@ -95,7 +95,7 @@ def main() -> None:
                      for n in (1, 4)}
         result = {"shape": f"Qwen3-30B-A3B, {args.layers} of 48 layers",
                   "quantization": args.quantization, "load_s": round(load, 1), **rates,
-                  "machine": platform.processor() or platform.machine()}
+                  "machine": machine()}
     print(json.dumps(result))
 
 
