@@ -110,7 +110,13 @@ def _moe_fields(gf: GGUFFile) -> dict[str, Any]:
         if gf.get(key) is None:
             raise ValueError(f"GGUF file {gf.path} lacks {gf.architecture}.{key} (the config's "
                              f"{field}), which a mixture-of-experts model needs")
-        out[field] = int(gf.get(key))
+        value = gf.get(key)
+        if isinstance(value, (list, tuple)):  # a per-layer array (llama.cpp allows one)
+            if len(set(value)) != 1:
+                raise ValueError(f"GGUF file {gf.path} has {gf.architecture}.{key} = {value}: "
+                                 "experts of different sizes per layer are not supported")
+            value = value[0]
+        out[field] = int(value)
     return {**out, "norm_topk_prob": True, "decoder_sparse_step": 1, "mlp_only_layers": []}
 
 
