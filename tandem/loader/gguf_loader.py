@@ -31,9 +31,11 @@ _ARCHS: dict[str, tuple[str, str]] = {
     "llama": ("LlamaConfig", "LlamaForCausalLM"),
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
+    "qwen3moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM"),
     "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM"),
 }
-_MODEL_TYPE_TO_ARCH = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3_text": "gemma3"}
+_MODEL_TYPE_TO_ARCH = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3_text": "gemma3",
+                       "qwen3_moe": "qwen3moe"}
 
 # ---------------------------------------------------------------------------------------------------
 # Config
@@ -62,7 +64,7 @@ def load_gguf_config(path: str | Path) -> PretrainedConfig:
     kwargs: dict[str, Any] = dict(
         vocab_size=int(vocab),
         hidden_size=hidden,
-        intermediate_size=int(gf.get("feed_forward_length")),
+        intermediate_size=int(gf.get("feed_forward_length") or gf.get("expert_feed_forward_length")),
         num_hidden_layers=int(gf.get("block_count")),
         num_attention_heads=heads,
         num_key_value_heads=int(gf.get("attention.head_count_kv", heads)),
@@ -91,9 +93,31 @@ def load_gguf_config(path: str | Path) -> PretrainedConfig:
                 kwargs[key] = float(gf.get(key))
     else:
         kwargs["rope_parameters"] = {"rope_type": "default", "rope_theta": rope_theta, **scaling}
+    if arch == "qwen3moe":
+        kwargs.update(_moe_fields(gf))
     # Gemma3TextConfig's default layer_types (5 sliding layers, then a global one) are what llama.cpp
     # assumes too: the GGUF has no key for the pattern.
     return getattr(transformers, config_cls_name)(**kwargs)
+
+
+def _moe_fields(gf: GGUFFile) -> dict[str, Any]:
+    """llama.cpp's qwen3moe: every layer sparse, softmax router, top-k weights renormalised
+    (build_moe_ffn's norm_w is always on for this architecture)."""
+    fields = {"num_experts": "expert_count", "num_experts_per_tok": "expert_used_count",
+              "moe_intermediate_size": "expert_feed_forward_length"}
+    out: dict[str, Any] = {}
+    for field, key in fields.items():
+        if gf.get(key) is None:
+            raise ValueError(f"GGUF file {gf.path} lacks {gf.architecture}.{key} (the config's "
+                             f"{field}), which a mixture-of-experts model needs")
+        value = gf.get(key)
+        if isinstance(value, (list, tuple)):  # a per-layer array (llama.cpp allows one)
+            if len(set(value)) != 1:
+                raise ValueError(f"GGUF file {gf.path} has {gf.architecture}.{key} = {value}: "
+                                 "experts of different sizes per layer are not supported")
+            value = value[0]
+        out[field] = int(value)
+    return {**out, "norm_topk_prob": True, "decoder_sparse_step": 1, "mlp_only_layers": []}
 
 
 def _rope_scaling(gf: GGUFFile) -> dict[str, Any]:
@@ -116,7 +140,11 @@ _LAYER_NAMES = {
     "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
     "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
     "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+    "ffn_gate_inp": "mlp.gate",
 }
+# Mixture-of-experts tensors, all experts stacked in one 3-D tensor [experts, rows, cols]: each
+# expert's slice goes to its own HF name (model.layers.N.mlp.experts.E.<part>).
+_EXPERT_NAMES = {"ffn_gate_exps": "gate_proj", "ffn_up_exps": "up_proj", "ffn_down_exps": "down_proj"}
 # Gemma 3 has four norms per layer ("sandwich" norms around attention and MLP).
 _GEMMA3_LAYER_NAMES = {**_LAYER_NAMES, "ffn_norm": "pre_feedforward_layernorm",
                        "post_attention_norm": "post_attention_layernorm",
@@ -155,6 +183,11 @@ def iter_gguf_tensors(path: str | Path, config: PretrainedConfig,
         raise ValueError(f"config is for {config.model_type!r} but {path} holds a {gf.architecture!r} model")
     _check_extent(gf)
     for info in gf.tensors.values():
+        m = _BLOCK_RE.fullmatch(info.name)
+        if m and m.group(2) in _EXPERT_NAMES and len(info.shape) == 3:
+            yield from _expert_tensors(gf, info, int(m.group(1)), _EXPERT_NAMES[m.group(2)],
+                                       keep_quantized)
+            continue
         name = _hf_name(info.name, arch)
         if name is None:
             if info.name not in _IGNORED:
@@ -182,6 +215,25 @@ def iter_gguf_tensors(path: str | Path, config: PretrainedConfig,
                 # llama.cpp stores Gemma's RMSNorm weights as (1 + w); HF's Gemma3RMSNorm adds the 1 itself
                 tensor -= 1.0
         yield name, tensor
+
+
+def _expert_tensors(gf: GGUFFile, info: GGUFTensorInfo, layer: int, part: str,
+                    keep_quantized: bool) -> Iterator[tuple[str, torch.Tensor | RawQuant]]:
+    """One stacked expert tensor [E, rows, cols] as E (HF name, [rows, cols]) pairs: slices of
+    the file's blocks (each expert's rows are whole rows of blocks), or of its float32 values."""
+    experts, rows, cols = info.shape
+    names = [f"model.layers.{layer}.mlp.experts.{e}.{part}.weight" for e in range(experts)]
+    if keep_quantized and info.ggml_type != GGMLQuantizationType.F32:
+        _check_type(gf, info)
+        raw = RawQuant(info.ggml_type, raw_tensor(gf, info), cols,
+                       GGMLQuantizationType(info.ggml_type).name)  # [E * rows] rows of blocks
+        for e, name in enumerate(names):
+            yield name, raw.narrow(e * rows, rows)
+        return
+    with one_thread():
+        stacked = dequantize_tensor(gf, info)  # [E, rows, cols]
+    for e, name in enumerate(names):
+        yield name, stacked[e]
 
 
 def _check_type(gf: GGUFFile, info: GGUFTensorInfo) -> None:

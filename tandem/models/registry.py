@@ -13,6 +13,7 @@ _MODELS = {
     "MistralForCausalLM": ("tandem.models.llama", "LlamaForCausalLM"),
     "Qwen2ForCausalLM": ("tandem.models.qwen2", "Qwen2ForCausalLM"),
     "Qwen3ForCausalLM": ("tandem.models.qwen3", "Qwen3ForCausalLM"),
+    "Qwen3MoeForCausalLM": ("tandem.models.qwen3_moe", "Qwen3MoeForCausalLM"),
     "Gemma3ForCausalLM": ("tandem.models.gemma3", "Gemma3ForCausalLM"),
 }
 
