@@ -19,6 +19,7 @@ from tandem import LLM, SamplingParams
 from tandem.attention.context import forward_context
 from tandem.attention.metadata import build_attention_metadata
 from tandem.distributed.tp_check import allowed_tp_sizes
+from tandem.layers import matmul_choice
 from tandem.layers.moe import SparseMoeBlock, TopKRouter
 from tandem.kernels import cpu as cpu_kernels
 from tandem.layers.quantized import finish_quantized, is_quantized, quantized_build
@@ -49,6 +50,14 @@ def reference(moe_dir):
 @pytest.fixture(scope="module")
 def plain(moe_dir, prompts) -> list[list[int]]:
     return _tokens(LLM(moe_dir), prompts)
+
+
+@pytest.fixture
+def row_exact_matmul(monkeypatch):
+    """Float32 linears through our C kernel, as TANDEM_CPU_MATMUL=c: rows never depend on their
+    batch there. Otherwise the start-up timing may pick a torch kernel (on a loaded host it did),
+    whose sums can change with the batch's size."""
+    monkeypatch.setattr(matmul_choice, "_forced", ["c"])
 
 
 def _ours(model_dir: str):
@@ -101,8 +110,8 @@ def test_greedy_tokens_equal_transformers_generate(moe_dir, reference, plain, pr
     assert len({t for row in plain for t in row}) > 20  # the tiny model's output is not one loop
 
 
-def test_logits_and_routing_match_transformers_at_batch_1_and_in_a_verify_batch(moe_dir,
-                                                                                  reference):
+def test_logits_and_routing_match_transformers_at_batch_1_and_in_a_verify_batch(
+        moe_dir, reference, row_exact_matmul):
     """Prefill two requests (one in two chunks), a decode step of one row alone, then a verify
     batch of both (4 rows each): logits close to transformers', every row routed to the experts
     transformers routes it to, and request 0's rows bit-identical with and without request 1."""
@@ -257,7 +266,7 @@ def test_gguf_from_llama_cpp_converter_equals_the_directory(tmp_path, prompts, n
 
 
 @pytest.mark.parametrize("mode", [None, "q8_0"])
-def test_one_row_step_equals_that_row_in_any_batch(mode, native_library):
+def test_one_row_step_equals_that_row_in_any_batch(mode, native_library, row_exact_matmul):
     """A single-stream decode step takes its own path (no gather or scatter; quantized experts'
     gate/up in one call); its bits equal the same row's in a batch of any composition."""
     cpu_kernels.configure(torch.device("cpu"))
