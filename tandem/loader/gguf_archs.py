@@ -42,9 +42,9 @@ def _phi3(gf: GGUFFile, kwargs: dict[str, Any]) -> None:
     kwargs["sliding_window"] = int(window) if window else None
     if "rope_factors_long.weight" in gf.tensors:
         original = int(gf.get("rope.scaling.original_context_length"))
-        rope.update(rope_type="longrope", original_max_position_embeddings=original,
-                    long_factor=dequantize_tensor(gf, gf.tensors["rope_factors_long.weight"]).tolist(),
-                    short_factor=dequantize_tensor(gf, gf.tensors["rope_factors_short.weight"]).tolist())
+        factors = {f"{kind}_factor": dequantize_tensor(
+            gf, gf.tensors[f"rope_factors_{kind}.weight"]).tolist() for kind in ("long", "short")}
+        rope.update(rope_type="longrope", original_max_position_embeddings=original, **factors)
         if gf.get("rope.scaling.attn_factor") is not None:
             rope["attention_factor"] = float(gf.get("rope.scaling.attn_factor"))
         kwargs["original_max_position_embeddings"] = original

@@ -79,8 +79,11 @@ class Phi3ForCausalLM(LlamaForCausalLM):
         rotary_dim = self.head_dim - 2 * rotary.pad
         self.dim_order = (partial_rotary_order(self.head_dim, rotary_dim)
                           if rotary_dim < self.head_dim else None)
-        # transformers masks every layer to the window when the config has one (Phi-3-mini-4k).
+        # transformers masks every layer to the window when the config has one (Phi-3-mini-4k);
+        # one no sequence can exceed (Phi-3.5-mini's 262144) is dropped, keeping the fused paths.
         window = getattr(cfg, "sliding_window", None)
+        if window and window >= (max_model_len or cfg.max_position_embeddings):
+            window = None
         for layer in self.model.layers:
             layer.self_attn.attn.sliding_window = window or None
 
