@@ -36,6 +36,8 @@ def phi3_rotary(cfg: Any, head_dim: int, max_model_len: Optional[int]) -> Rotary
     if rotary_dim % 2 or (head_dim - rotary_dim) % 2:
         raise ValueError(f"partial_rotary_factor={factor} gives {rotary_dim} rotary dimensions "
                          f"of {head_dim}; both it and the rest must be even.")
+    if params["rope_type"] == "su":  # the first Phi-3 128k configs' name for LongRoPE
+        params["rope_type"] = "longrope"
     if params["rope_type"] != "longrope":
         return RotaryEmbedding(head_dim, params, rotary_dim)
     for key in ("short_factor", "long_factor"):
