@@ -21,7 +21,7 @@ from tandem.models.registry import build_model
 
 from tiny_models import DENSE_ARCHS
 
-GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+GREEDY = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
 
 
 def reference(model_dir: str):
@@ -122,7 +122,7 @@ def test_greedy_and_speculative_match_transformers(dense_dirs, tli_draft, prompt
         accepted = next(m.value for m in llm.get_metrics()
                         if m.name == "tandem:spec_decode_num_accepted_tokens")
         if spec["model"] == d:
-            assert accepted > 30  # verification really ran over accepted drafts
+            assert accepted > 16  # verification really ran over accepted drafts
 
 
 @pytest.mark.parametrize("arch,field", [("phi3", "num_key_value_heads"),
