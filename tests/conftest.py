@@ -12,7 +12,8 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from tiny_models import build_thinking_model, build_tiny_model, build_tli_draft  # noqa: E402
+from tiny_models import (DENSE_ARCHS, build_thinking_model, build_tiny_model,  # noqa: E402
+                         build_tli_draft)
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 torch.set_num_threads(min(2, os.cpu_count() or 1))
@@ -38,6 +39,13 @@ def tiny_dirs(tmp_path_factory) -> dict[str, str]:
             ("llama", "qwen2", "qwen3", "gemma3")}
     dirs["llama_other"] = str(build_tiny_model(root / "llama_other", "llama", seed=123))
     return dirs
+
+
+@pytest.fixture(scope="session")
+def dense_dirs(tmp_path_factory) -> dict[str, str]:
+    """Phi-3, Gemma 2, OLMo 2, Granite and a multimodal Gemma 3 (tiny_models.DENSE_ARCHS)."""
+    root = tmp_path_factory.mktemp("dense")
+    return {arch: str(build_tiny_model(root / arch, arch)) for arch in DENSE_ARCHS}
 
 
 @pytest.fixture(scope="session")

@@ -95,11 +95,56 @@ def _hf_config(arch: str, vocab_size: int, num_layers: int, hidden: int, bos: in
                                layer_types=["sliding_attention", "sliding_attention",
                                             "full_attention"] * (common["num_hidden_layers"] // 3),
                                rope_theta=100000.0, rope_local_base_freq=1000.0)
+    elif arch in DENSE_ARCHS:
+        cfg = _dense_config(arch, common)
     else:
         raise ValueError(arch)
     for key, value in overrides.items():
         setattr(cfg, key, value)
     return cfg
+
+
+# The architectures of issue 25 (tests/models/test_dense_archs.py), each with the features that
+# set it apart switched on at sizes where they change the output.
+DENSE_ARCHS = ("phi3", "gemma2", "olmo2", "granite", "gemma3_mm")
+
+
+def _dense_config(arch: str, common: dict):
+    import transformers
+
+    if arch == "phi3":
+        # LongRoPE over half of each head (partial rotary), its original length shorter than
+        # every test prompt, so transformers uses the long factors from the first token on,
+        # as tandem does whenever max_model_len exceeds it.
+        return transformers.Phi3Config(
+            **common, tie_word_embeddings=False, original_max_position_embeddings=4,
+            rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0,
+                             "partial_rotary_factor": 0.5, "original_max_position_embeddings": 4,
+                             "short_factor": [1.0, 1.0, 1.5, 2.0],
+                             "long_factor": [6.0, 10.0, 20.0, 40.0]})
+    if arch == "gemma2":
+        return transformers.Gemma2Config(
+            **common, head_dim=32, sliding_window=8, query_pre_attn_scalar=24,
+            attn_logit_softcapping=2.0, final_logit_softcapping=6.0, rope_theta=10000.0)
+    if arch == "olmo2":
+        return transformers.Olmo2Config(**common, tie_word_embeddings=False, rope_theta=10000.0)
+    if arch == "granite":
+        return transformers.GraniteConfig(
+            **common, tie_word_embeddings=True, rope_theta=10000.0, embedding_multiplier=6.0,
+            residual_multiplier=0.5, attention_multiplier=0.1, logits_scaling=0.5)
+    if arch == "gemma3_mm":  # a multimodal Gemma 3 checkpoint with a (tiny) vision tower
+        text = transformers.Gemma3TextConfig(
+            **common, head_dim=32, sliding_window=8, query_pre_attn_scalar=32,
+            layer_types=["sliding_attention", "full_attention"], rope_theta=100000.0,
+            rope_local_base_freq=1000.0)
+        vision = transformers.SiglipVisionConfig(
+            hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+            image_size=28, patch_size=14)
+        cfg = transformers.Gemma3Config(text_config=text.to_dict(),
+                                        vision_config=vision.to_dict(), mm_tokens_per_image=4)
+        cfg.architectures = ["Gemma3ForConditionalGeneration"]
+        return cfg
+    raise ValueError(arch)
 
 
 def build_tiny_model(out_dir: Path, arch: str = "llama", seed: int = 0, num_layers: int = 2,
@@ -117,7 +162,11 @@ def build_tiny_model(out_dir: Path, arch: str = "llama", seed: int = 0, num_laye
     cfg = _hf_config(arch, vocab, num_layers, hidden, tok.bos_token_id, tok.eos_token_id,
                      tok.pad_token_id, **overrides)
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    if arch == "gemma3_mm":
+        from transformers import Gemma3ForConditionalGeneration
+        model = Gemma3ForConditionalGeneration(cfg).to(torch.float32)
+    else:
+        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
     # Random init gives near-uniform logits; scaling the embeddings makes distributions peaked
     # enough that greedy decoding is not decided by float noise.
     with torch.no_grad():

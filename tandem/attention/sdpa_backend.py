@@ -33,18 +33,19 @@ def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: t
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                     meta: AttentionMetadata, scale: float,
-                    sliding_window: Optional[int]) -> torch.Tensor:
-    """q: [T, H, D] -> out [T, H, D]. Keys/values must already be written to the cache."""
+                    sliding_window: Optional[int], softcap: Optional[float] = None) -> torch.Tensor:
+    """q: [T, H, D] -> out [T, H, D]. Keys/values must already be written to the cache.
+    softcap: scores capped as softcap * tanh(scores / softcap) before the mask (Gemma 2)."""
     groups = meta.groups
-    fused = q.is_cpu and cpu_kernels.attention_takes(q.shape[2])
+    fused = q.is_cpu and cpu_kernels.attention_takes(q.shape[2]) and softcap is None
     if len(groups) == 1 and groups[0].uniform and not (fused and groups[0].small):
-        return _attend(q, k_cache, v_cache, groups[0], scale, sliding_window)  # no copy out
+        return _attend(q, k_cache, v_cache, groups[0], scale, sliding_window, softcap)
     out = q.new_empty(q.shape)
     for g in groups:
         if fused and g.small and g.requests is not None and cpu_kernels.paged_attention(
                 q, k_cache, v_cache, out, g.requests, g.kv_slots, scale, sliding_window):
             continue  # decode/verify groups straight from the cache (kernels/cpu.py)
-        og = _attend(q, k_cache, v_cache, g, scale, sliding_window)  # [G * Qmax, H, D]
+        og = _attend(q, k_cache, v_cache, g, scale, sliding_window, softcap)  # [G * Qmax, H, D]
         if g.uniform:
             out.narrow(0, g.start, g.num_queries).copy_(og)
         else:
@@ -53,7 +54,8 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
 
 
 def _attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, g: AttnGroup,
-            scale: float, sliding_window: Optional[int]) -> torch.Tensor:
+            scale: float, sliding_window: Optional[int],
+            softcap: Optional[float] = None) -> torch.Tensor:
     """One group's attention: [G * Qmax, H, D], rows in the group's padded query order."""
     _, h, d = q.shape
     hkv = k_cache.shape[1]
@@ -64,6 +66,9 @@ def _attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, g: At
         # index_select, not fancy indexing: the latter is ~1000x slower on CPU for these shapes.
         qg = q.index_select(0, g.q_index.view(-1))
     kg, vg = _gather(k_cache, g), _gather(v_cache, g)  # [G, Hkv, Lmax, D]
+    if softcap is not None:
+        return _attend_softcap(qg.view(n, qmax, h, d).transpose(1, 2), kg, vg, g, scale,
+                               sliding_window, softcap)
     if g.small and h % hkv == 0:
         rep = h // hkv
         # [G * Qmax, Hkv * rep, D] -> [G, Hkv, rep * Qmax, D] (row r * Qmax + i: query i, head r)
@@ -84,6 +89,20 @@ def _attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, g: At
         og = F.scaled_dot_product_attention(qg, kg, vg, attn_mask=g.mask(sliding_window),
                                             scale=scale, enable_gqa=gqa)
     return og.transpose(1, 2).reshape(n * qmax, h, d)
+
+
+def _attend_softcap(qg: torch.Tensor, kg: torch.Tensor, vg: torch.Tensor, g: AttnGroup,
+                    scale: float, sliding_window: Optional[int], softcap: float) -> torch.Tensor:
+    """Attention with capped scores (SDPA has no hook between the scores and the softmax):
+    qg [G, H, Qmax, D], kg/vg [G, Hkv, Lmax, D] -> [G * Qmax, H, D]."""
+    n, h, qmax, d = qg.shape
+    rep = h // kg.shape[1]
+    qg = qg.reshape(n, kg.shape[1], rep * qmax, d)  # the query heads sharing a KV head as rows
+    scores = torch.matmul(qg, kg.transpose(-1, -2)) * scale  # [G, Hkv, rep * Qmax, Lmax]
+    scores = torch.tanh(scores / softcap) * softcap
+    scores = scores + g.mask(sliding_window, rep, scores.dtype)
+    out = torch.matmul(torch.softmax(scores, dim=-1, dtype=torch.float32).to(vg.dtype), vg)
+    return out.view(n, h, qmax, d).transpose(1, 2).reshape(n * qmax, h, d)
 
 
 def _gather(cache: torch.Tensor, g: AttnGroup) -> torch.Tensor:

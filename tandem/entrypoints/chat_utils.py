@@ -65,7 +65,20 @@ def load_chat_template(value: Optional[str]) -> Optional[str]:
     raise ValueError(f"--chat-template {value!r} is neither a file nor a Jinja template")
 
 
-def _content_text(content: Any) -> str:
+class ContentPartError(ValueError):
+    """A message content part the server cannot take; `param` names it (messages[i].content[j])."""
+
+    def __init__(self, message: str, param: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+# OpenAI's and vLLM's multimodal part types: every model here is served as text.
+_MEDIA_PARTS = ("image_url", "input_image", "image", "image_pil", "image_embeds", "input_audio",
+                "audio_url", "video_url")
+
+
+def _content_text(content: Any, where: str = "content") -> str:
     """Content is a string or OpenAI's list of parts; only text parts are supported."""
     if content is None:
         return ""
@@ -73,16 +86,25 @@ def _content_text(content: Any) -> str:
         return content
     if isinstance(content, Iterable) and not isinstance(content, (bytes, Mapping)):
         texts: list[str] = []
-        for part in content:
+        for j, part in enumerate(content):
             if isinstance(part, str):
                 texts.append(part)
                 continue
+            param = f"{where}[{j}]"
             if not isinstance(part, Mapping):
-                raise ValueError(f"unsupported message content part: {part!r}")
+                raise ContentPartError(f"{param}: unsupported message content part: {part!r}",
+                                       param)
             kind = part.get("type", "text")
+            if kind in _MEDIA_PARTS:
+                raise ContentPartError(
+                    f"{param}.type is {kind!r}, but this model is served as text only: tandem "
+                    f"takes no image, audio or video input (a multimodal checkpoint such as "
+                    f"Gemma3ForConditionalGeneration runs its language model alone). Send "
+                    f"text parts only.", f"{param}.type")
             if kind not in ("text", "input_text"):
-                raise ValueError(f"unsupported message content part type {kind!r}: this server "
-                                 f"accepts text parts only")
+                raise ContentPartError(f"{param}.type: unsupported message content part type "
+                                       f"{kind!r}: this server accepts text parts only",
+                                       f"{param}.type")
             texts.append(str(part.get("text", "")))
         return "\n".join(texts)
     raise ValueError(f"unsupported message content: {content!r}")
@@ -104,11 +126,11 @@ def _template_tool_call(call: Any) -> Any:
 def normalize_messages(messages: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Plain dicts with string content; other keys (name, tool_calls, ...) pass through."""
     out: list[dict[str, Any]] = []
-    for message in messages:
+    for i, message in enumerate(messages):
         if not isinstance(message, Mapping) or "role" not in message:
             raise ValueError(f"each message needs a 'role', got {message!r}")
         item = {k: v for k, v in message.items() if v is not None}
-        item["content"] = _content_text(message.get("content"))
+        item["content"] = _content_text(message.get("content"), f"messages[{i}].content")
         if isinstance(item.get("tool_calls"), list):
             item["tool_calls"] = [_template_tool_call(c) for c in item["tool_calls"]]
         out.append(item)

@@ -15,11 +15,12 @@ from tandem.layers.rotary import Rope, rotate_qk
 
 class Attention(nn.Module):
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float,
-                 sliding_window: Optional[int] = None) -> None:
+                 sliding_window: Optional[int] = None, softcap: Optional[float] = None) -> None:
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.scale = scale
         self.sliding_window = sliding_window
+        self.softcap = softcap  # Gemma 2: scores become softcap * tanh(scores / softcap)
         # Bound by the model runner to views of the engine's KV tensors: [num_slots, Hkv, D].
         self.k_cache: torch.Tensor = torch.empty(0)
         self.v_cache: torch.Tensor = torch.empty(0)
@@ -28,7 +29,8 @@ class Attention(nn.Module):
         # q: [T, H, D], k/v: [T, Hkv, D] -> [T, H * D]
         meta = get_forward_context()
         write_kv(self.k_cache, self.v_cache, k, v, meta.slot_mapping)
-        out = paged_attention(q, self.k_cache, self.v_cache, meta, self.scale, self.sliding_window)
+        out = paged_attention(q, self.k_cache, self.v_cache, meta, self.scale, self.sliding_window,
+                              self.softcap)
         return out.reshape(q.shape[0], self.num_heads * self.head_dim)
 
     def forward_qkv(self, qkv: torch.Tensor, rope: Rope, q_norm: Optional[nn.Module] = None,
@@ -44,7 +46,7 @@ class Attention(nn.Module):
                                      h, hkv, d, q_norm, k_norm):
             q = qkv.view(t, h + 2 * hkv, d)[:, :h]  # rotated in place; k and v are cached
             out = paged_attention(q, self.k_cache, self.v_cache, meta, self.scale,
-                                  self.sliding_window)
+                                  self.sliding_window, self.softcap)
             return out.reshape(t, h * d)
         heads = qkv.view(t, h + 2 * hkv, d)
         q, k = rotate_qk(heads, rope, h, q_norm, k_norm)

@@ -18,6 +18,7 @@ from transformers import PretrainedConfig, PreTrainedTokenizerFast
 
 from tandem.loader.gguf_dequant import (SUPPORTED_GGML_TYPES, dequantize_tensor, one_thread,  # noqa: F401
                                         raw_tensor)
+from tandem.loader.gguf_archs import extra_config
 from tandem.loader.gguf_reader import GGUFFile, GGUFTensorInfo, read_gguf  # noqa: F401
 from tandem.layers.quantized import RawQuant
 
@@ -33,9 +34,14 @@ _ARCHS: dict[str, tuple[str, str]] = {
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
     "qwen3moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM"),
     "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM"),
+    "phi3": ("Phi3Config", "Phi3ForCausalLM"),
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM"),
+    "olmo2": ("Olmo2Config", "Olmo2ForCausalLM"),
+    "granite": ("GraniteConfig", "GraniteForCausalLM"),
 }
 _MODEL_TYPE_TO_ARCH = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3_text": "gemma3",
-                       "qwen3_moe": "qwen3moe"}
+                       "qwen3_moe": "qwen3moe", "phi3": "phi3", "gemma2": "gemma2", "olmo2": "olmo2",
+                       "granite": "granite"}
 
 # ---------------------------------------------------------------------------------------------------
 # Config
@@ -93,6 +99,7 @@ def load_gguf_config(path: str | Path) -> PretrainedConfig:
                 kwargs[key] = float(gf.get(key))
     else:
         kwargs["rope_parameters"] = {"rope_type": "default", "rope_theta": rope_theta, **scaling}
+        extra_config(arch, gf, kwargs)
     if arch == "qwen3moe":
         kwargs.update(_moe_fields(gf))
     # Gemma3TextConfig's default layer_types (5 sliding layers, then a global one) are what llama.cpp
@@ -149,15 +156,26 @@ _EXPERT_NAMES = {"ffn_gate_exps": "gate_proj", "ffn_up_exps": "up_proj", "ffn_do
 _GEMMA3_LAYER_NAMES = {**_LAYER_NAMES, "ffn_norm": "pre_feedforward_layernorm",
                        "post_attention_norm": "post_attention_layernorm",
                        "post_ffw_norm": "post_feedforward_layernorm"}
+# Gemma 2 names its norms as Gemma 3 does; OLMo 2 has only the two after each sublayer; Phi-3
+# keeps its fused projections (models/phi3.py splits them).
+_LAYER_TABLES = {
+    "gemma2": _GEMMA3_LAYER_NAMES, "gemma3": _GEMMA3_LAYER_NAMES,
+    "olmo2": {**_LAYER_NAMES, "post_attention_norm": "post_attention_layernorm",
+              "post_ffw_norm": "post_feedforward_layernorm"},
+    "phi3": {**_LAYER_NAMES, "attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"},
+}
+_UNIT_OFFSET_NORMS = ("gemma2", "gemma3")  # stored as (1 + w) by llama.cpp
+_PERMUTED_QK = ("llama", "granite")  # converted by LlamaModel, which permutes q/k rows
 _GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
-_IGNORED = {"rope_freqs.weight"}  # derived from the config by llama.cpp; HF recomputes it
+# derived from the config by llama.cpp (HF recomputes them), or read into the config (Phi-3)
+_IGNORED = {"rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight"}
 _BLOCK_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 
 
 def _hf_name(gguf_name: str, arch: str) -> str | None:
     m = _BLOCK_RE.fullmatch(gguf_name)
     if m:
-        table = _GEMMA3_LAYER_NAMES if arch == "gemma3" else _LAYER_NAMES
+        table = _LAYER_TABLES.get(arch, _LAYER_NAMES)
         part = table.get(m.group(2))
         return f"model.layers.{m.group(1)}.{part}.{m.group(3)}" if part else None
     stem, _, suffix = gguf_name.rpartition(".")
@@ -194,9 +212,9 @@ def iter_gguf_tensors(path: str | Path, config: PretrainedConfig,
                 logger.warning("%s: skipping unrecognised GGUF tensor %s", gf.path.name, info.name)
             continue
         heads = None
-        if arch == "llama" and ".self_attn.q_proj." in name:
+        if arch in _PERMUTED_QK and ".self_attn.q_proj." in name:
             heads = config.num_attention_heads
-        elif arch == "llama" and ".self_attn.k_proj." in name:
+        elif arch in _PERMUTED_QK and ".self_attn.k_proj." in name:
             heads = config.num_key_value_heads
         if keep_quantized and len(info.shape) == 2 and info.ggml_type != GGMLQuantizationType.F32:
             _check_type(gf, info)
@@ -211,7 +229,7 @@ def iter_gguf_tensors(path: str | Path, config: PretrainedConfig,
             tensor = dequantize_tensor(gf, info)
             if heads is not None:
                 tensor = _unpermute_rows(tensor, heads)
-            elif arch == "gemma3" and name.endswith("norm.weight"):
+            elif arch in _UNIT_OFFSET_NORMS and name.endswith("norm.weight"):
                 # llama.cpp stores Gemma's RMSNorm weights as (1 + w); HF's Gemma3RMSNorm adds the 1 itself
                 tensor -= 1.0
         yield name, tensor

@@ -13,9 +13,10 @@ def load_hf_config(source: ModelSource) -> Any:
         return load_gguf_config(source.gguf_file)
     from transformers import AutoConfig
     config = AutoConfig.from_pretrained(str(source.model_dir))
-    # Multimodal wrappers (e.g. Gemma 3 4B) keep the language model under text_config.
+    # Multimodal wrappers (e.g. Gemma 3 4B) keep the language model under text_config; it is
+    # served as text (models/gemma3.py Gemma3TextOnly maps the weights' names).
     text = getattr(config, "text_config", None)
     if text is not None and getattr(config, "model_type", "") == "gemma3":
-        text.architectures = ["Gemma3ForCausalLM"]
+        text.architectures = ["Gemma3ForConditionalGeneration"]
         return text
     return config

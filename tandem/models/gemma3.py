@@ -3,6 +3,7 @@ another, q/k RMS norms, four norms per layer, (1 + w) RMSNorm, sqrt(hidden)-scal
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Iterable, Optional
 
 import torch
@@ -15,6 +16,8 @@ from tandem.layers.norm import RMSNorm
 from tandem.layers.rotary import Rope, RotaryEmbedding, rope_parameters
 from tandem.models.llama import GatedMLP
 from tandem.models.weights import load_weights
+
+logger = logging.getLogger("tandem")
 
 SLIDING = "sliding_attention"
 FULL = "full_attention"
@@ -29,7 +32,9 @@ def layer_types(cfg: Any) -> list[str]:
 
 
 class Gemma3Attention(nn.Module):
-    def __init__(self, cfg: Any, sliding: bool) -> None:
+    """Gemma 3's attention; Gemma 2's without the q/k norms, with its scores soft-capped."""
+
+    def __init__(self, cfg: Any, sliding: bool, qk_norm: bool = True) -> None:
         super().__init__()
         self.head_dim = cfg.head_dim
         self.qkv_proj = QKVParallelLinear(cfg.hidden_size, cfg.head_dim, cfg.num_attention_heads,
@@ -38,11 +43,12 @@ class Gemma3Attention(nn.Module):
         self.num_heads, self.num_kv_heads = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads
         self.o_proj = RowParallelLinear(cfg.num_attention_heads * cfg.head_dim, cfg.hidden_size,
                                         bias=getattr(cfg, "attention_bias", False))
-        self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, unit_offset=True)
-        self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, unit_offset=True)
+        self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, unit_offset=True) if qk_norm else None
+        self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, unit_offset=True) if qk_norm else None
         window: Optional[int] = cfg.sliding_window if sliding else None
         self.attn = Attention(self.num_heads, self.num_kv_heads, cfg.head_dim,
-                              cfg.query_pre_attn_scalar ** -0.5, sliding_window=window)
+                              cfg.query_pre_attn_scalar ** -0.5, sliding_window=window,
+                              softcap=getattr(cfg, "attn_logit_softcapping", None))
 
     def forward(self, rope: Rope, x: torch.Tensor) -> torch.Tensor:
         qkv = self.qkv_proj(x)  # [T, (H + 2 Hkv) D]
@@ -50,10 +56,10 @@ class Gemma3Attention(nn.Module):
 
 
 class Gemma3DecoderLayer(nn.Module):
-    def __init__(self, cfg: Any, sliding: bool) -> None:
+    def __init__(self, cfg: Any, sliding: bool, qk_norm: bool = True) -> None:
         super().__init__()
         self.sliding = sliding
-        self.self_attn = Gemma3Attention(cfg, sliding)
+        self.self_attn = Gemma3Attention(cfg, sliding, qk_norm)
         self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size,
                             getattr(cfg, "hidden_activation", None) or "gelu_pytorch_tanh")
         norm = lambda: RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, unit_offset=True)  # noqa: E731
@@ -91,10 +97,10 @@ def _local_rope(cfg: Any) -> dict:
 
 
 class Gemma3ForCausalLM(nn.Module):
-    def __init__(self, cfg: Any) -> None:
+    def __init__(self, cfg: Any, model: Optional[nn.Module] = None) -> None:
         super().__init__()
         self.config = cfg
-        self.model = Gemma3Model(cfg)
+        self.model = model if model is not None else Gemma3Model(cfg)
         tied = getattr(cfg, "tie_word_embeddings", True)
         self.lm_head = LMHead(cfg.vocab_size, cfg.hidden_size,
                               self.model.embed_tokens if tied else None)
@@ -114,3 +120,37 @@ class Gemma3ForCausalLM(nn.Module):
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         load_weights(self, weights)
+
+
+# Checkpoint name prefixes of Gemma3ForConditionalGeneration's language model: transformers < 4.52
+# saved it as `language_model.model.*` and `language_model.lm_head.*`, later versions save
+# `model.language_model.*` and `lm_head.*`.
+_TEXT_PREFIXES = (("language_model.model.", "model."), ("language_model.lm_head.", "lm_head."),
+                  ("model.language_model.", "model."))
+_VISION_PREFIXES = ("vision_tower.", "multi_modal_projector.", "model.vision_tower.",
+                    "model.multi_modal_projector.")
+
+
+class Gemma3TextOnly(Gemma3ForCausalLM):
+    """A Gemma3ForConditionalGeneration checkpoint served as text: its language model (config
+    under `text_config`, see loader/hf_config.py) is Gemma3ForCausalLM; the vision tower's and the
+    projector's tensors are skipped, with one log line."""
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        skipped = [0]
+
+        def text_weights() -> Iterable[tuple[str, torch.Tensor]]:
+            for name, tensor in weights:
+                if name.startswith(_VISION_PREFIXES):
+                    skipped[0] += 1
+                    continue
+                for old, new in _TEXT_PREFIXES:
+                    if name.startswith(old):
+                        name = new + name[len(old):]
+                        break
+                yield name, tensor
+
+        load_weights(self, text_weights())
+        if skipped[0]:
+            logger.info("Gemma3ForConditionalGeneration served as text: skipped %d vision tower "
+                        "and projector tensors", skipped[0])

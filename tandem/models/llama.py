@@ -73,14 +73,16 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, cfg: Any, qkv_bias: bool, qk_norm: bool) -> None:
+    def __init__(self, cfg: Any, qkv_bias: bool, qk_norm: bool,
+                 layer_cls: type[LlamaDecoderLayer] = LlamaDecoderLayer,
+                 rotary: Optional[RotaryEmbedding] = None) -> None:
         super().__init__()
         self.embed_tokens = Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, qkv_bias, qk_norm)
+        self.layers = nn.ModuleList(layer_cls(cfg, qkv_bias, qk_norm)
                                     for _ in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        self.rotary = RotaryEmbedding(head_dim, rope_parameters(cfg))
+        self.rotary = rotary or RotaryEmbedding(head_dim, rope_parameters(cfg))
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         x = self.embed_tokens(input_ids)  # [T, hidden]
@@ -97,11 +99,12 @@ class LlamaModel(nn.Module):
 class LlamaForCausalLM(nn.Module):
     qkv_bias = False
     qk_norm = False
+    decoder_layer: type[LlamaDecoderLayer] = LlamaDecoderLayer
 
-    def __init__(self, cfg: Any) -> None:
+    def __init__(self, cfg: Any, rotary: Optional[RotaryEmbedding] = None) -> None:
         super().__init__()
         self.config = cfg
-        self.model = LlamaModel(cfg, self.qkv_bias, self.qk_norm)
+        self.model = LlamaModel(cfg, self.qkv_bias, self.qk_norm, self.decoder_layer, rotary)
         tied = getattr(cfg, "tie_word_embeddings", False)
         self.lm_head = LMHead(cfg.vocab_size, cfg.hidden_size,
                               self.model.embed_tokens if tied else None)

@@ -73,6 +73,7 @@ def _plan(model: DecoderStack) -> Optional[_Plan]:
           and all(layer.self_attn.qkv_proj.tp == 1 and layer.self_attn.o_proj.bias is None
                   and layer.mlp.gate_up_proj.bias is None and layer.mlp.down_proj.bias is None
                   and layer.mlp.act is silu_and_mul and layer.self_attn.attn.sliding_window is None
+                  and getattr(layer, "residual_multiplier", 1.0) == 1.0  # Granite's: not in C
                   for layer in layers)
           and all(_f32(p) for p in model.parameters() if not p.is_meta)
           and a0.head_dim % 2 == 0 and cpu_kernels.attention_takes(a0.head_dim))

@@ -25,7 +25,7 @@ def load_model(mc: Any, device: torch.device) -> nn.Module:
                                 keep_quantized=mode == "gguf")
                    if mc.load_format != "dummy" else None)
         with quantized_build(mode):
-            model = build_model(mc.hf_config, mc.dtype, device, weights)
+            model = build_model(mc.hf_config, mc.dtype, device, weights, mc.max_model_len)
         if weights is None:
             _random_weights(model, mc.seed)
         finish_quantized(model)

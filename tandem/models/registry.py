@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import Any, Optional
 
 import torch
 from torch import nn
@@ -15,6 +15,11 @@ _MODELS = {
     "Qwen3ForCausalLM": ("tandem.models.qwen3", "Qwen3ForCausalLM"),
     "Qwen3MoeForCausalLM": ("tandem.models.qwen3_moe", "Qwen3MoeForCausalLM"),
     "Gemma3ForCausalLM": ("tandem.models.gemma3", "Gemma3ForCausalLM"),
+    "Gemma3ForConditionalGeneration": ("tandem.models.gemma3", "Gemma3TextOnly"),
+    "Phi3ForCausalLM": ("tandem.models.phi3", "Phi3ForCausalLM"),
+    "Gemma2ForCausalLM": ("tandem.models.gemma2", "Gemma2ForCausalLM"),
+    "Olmo2ForCausalLM": ("tandem.models.olmo2", "Olmo2ForCausalLM"),
+    "GraniteForCausalLM": ("tandem.models.granite", "GraniteForCausalLM"),
 }
 
 
@@ -32,14 +37,17 @@ def model_class(hf_config: Any) -> type[nn.Module]:
                      f"{supported_architectures()}.")
 
 
-def build_model(hf_config: Any, dtype: torch.dtype, device: torch.device, weights) -> nn.Module:
-    """Instantiate the architecture on `device` in `dtype` and load `weights` (name, tensor)."""
+def build_model(hf_config: Any, dtype: torch.dtype, device: torch.device, weights,
+                max_model_len: Optional[int] = None) -> nn.Module:
+    """Instantiate the architecture on `device` in `dtype` and load `weights` (name, tensor).
+    max_model_len reaches the classes that ask for it (Phi-3's LongRoPE)."""
     cls = model_class(hf_config)
+    extra = {"max_model_len": max_model_len} if getattr(cls, "takes_max_model_len", False) else {}
     prev = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
         with torch.device(device):
-            model = cls(hf_config)
+            model = cls(hf_config, **extra)
     finally:
         torch.set_default_dtype(prev)
     if weights is not None:  # None: the caller initialises them (load_format "dummy")

@@ -150,3 +150,21 @@ def test_unsupported_options_are_400_not_ignored(fake_server: Any) -> None:
         r = httpx.post(fake_server.url + "/v1/completions",
                        json={"prompt": "Hello", "max_tokens": 2, **extra})
         assert r.status_code == 400, (extra, r.text)
+
+
+def test_image_part_is_400_naming_the_part(fake_server: Any) -> None:
+    """Every model is served as text: an image part is the client's error, named; text parts
+    in a list still work."""
+    text = {"type": "text", "text": "Describe"}
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+    r = httpx.post(fake_server.url + "/v1/chat/completions",
+                   json={"model": "fake-model", "max_tokens": 2,
+                         "messages": [{"role": "user", "content": [text, image]}]})
+    assert r.status_code == 400
+    error = r.json()["error"]
+    assert error["param"] == "messages[0].content[1].type"
+    assert "'image_url'" in error["message"] and "text only" in error["message"]
+    ok = httpx.post(fake_server.url + "/v1/chat/completions",
+                    json={"model": "fake-model", "max_tokens": 2,
+                          "messages": [{"role": "user", "content": [text, text]}]})
+    assert ok.status_code == 200, ok.text

@@ -51,7 +51,7 @@ class OpenAIServingChat(OpenAIServing):
         try:
             return await asyncio.to_thread(run_with_time_limit, render, limit)
         except ValueError as e:
-            raise OpenAIError(str(e), param="messages") from None
+            raise OpenAIError(str(e), param=getattr(e, "param", "messages")) from None
 
     async def create(self, request: ChatCompletionRequest
                      ) -> Union[JSONResponse, StreamingResponse]:
