@@ -11,13 +11,16 @@
 
 #if STEP == 64
 #define LANES 16
-#elif STEP == 32 && defined(__AVX2__)
+#define HALF_SIMD 1
+#elif STEP == 32 && defined(__AVX2__) && defined(__F16C__)
 #define LANES 8
+#define HALF_SIMD 1
 #else
 #define LANES 8
+#define HALF_SIMD 0
 #endif
 
-#if LANES == 16 || defined(__AVX2__)
+#if HALF_SIMD
 /* LANES weights of `type` at p, widened to float32. */
 static inline __attribute__((always_inline))
 #if LANES == 16
@@ -39,7 +42,7 @@ static inline __attribute__((always_inline)) void half_tile(
         int64_t mr, int64_t k, float *out) {
     const uint8_t *rows[NR];
     for (int j = 0; j < NR; j++) rows[j] = w0 + (j < nr ? j : 0) * row_bytes;
-#if LANES == 16 || defined(__AVX2__)
+#if HALF_SIMD
 #if LANES == 16
     __m512 acc[MR][NR];
     for (int i = 0; i < MR; i++)
