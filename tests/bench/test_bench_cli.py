@@ -28,9 +28,15 @@ def test_latency_and_throughput_write_json(tiny_llama: str, tmp_path: Path) -> N
     assert lat["ttft"]["mean_ms"] > 0 and lat["itl"]["mean_ms"] > 0
     assert lat["decode_tokens_per_s"] > 0
     bench("throughput", "--model", tiny_llama, "--num-prompts", "6", "--max-tokens", "8",
-          "--output-json", str(tmp_path / "tput.json"))
+          "--quantization", "q8_0", "--output-json", str(tmp_path / "tput.json"))
     tput = json.loads((tmp_path / "tput.json").read_text())
     assert tput["num_prompts"] == 6 and tput["output_tokens_per_s"] > 0
+    for result in (lat, tput):  # the process's memory, next to the speeds
+        mem = result["memory"]
+        assert mem["rss_after_load_mb"] > mem["rss_before_load_mb"] > 0
+        assert mem["load_added_mb"] == pytest.approx(mem["rss_after_load_mb"]
+                                                     - mem["rss_before_load_mb"])
+        assert mem["peak_rss_mb"] >= mem["rss_after_load_mb"] * 0.99
 
 
 def test_rounds_interleave_ours_and_the_peer(tiny_llama: str, tmp_path: Path) -> None:
