@@ -5,19 +5,19 @@ Qwen2 adds a bias to the q/k/v projections; Qwen3 drops it and RMS-normalises q 
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Optional
+from typing import Any, Optional
 
 import torch
 from torch import nn
 
 from tandem.layers.activation import get_act_and_mul
 from tandem.layers.attention import Attention
-from tandem.layers.embedding import Embedding, LMHead
+from tandem.layers.embedding import Embedding
 from tandem.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from tandem.layers.norm import RMSNorm
 from tandem.layers.rotary import Rope, RotaryEmbedding, rope_parameters
+from tandem.models.causal_lm import CausalLM
 from tandem.models.llama_fused import fused_stack
-from tandem.models.weights import load_weights
 
 
 class LlamaAttention(nn.Module):
@@ -96,7 +96,7 @@ class LlamaModel(nn.Module):
         return self.norm.add(x, residual)[0]
 
 
-class LlamaForCausalLM(nn.Module):
+class LlamaForCausalLM(CausalLM):
     qkv_bias = False
     qk_norm = False
     decoder_layer: type[LlamaDecoderLayer] = LlamaDecoderLayer
@@ -105,18 +105,4 @@ class LlamaForCausalLM(nn.Module):
         super().__init__()
         self.config = cfg
         self.model = LlamaModel(cfg, self.qkv_bias, self.qk_norm, self.decoder_layer, rotary)
-        tied = getattr(cfg, "tie_word_embeddings", False)
-        self.lm_head = LMHead(cfg.vocab_size, cfg.hidden_size,
-                              self.model.embed_tokens if tied else None)
-
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        return self.model(input_ids, positions)  # [T, hidden]
-
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden)  # [N, vocab]
-
-    def attention_layers(self) -> list[Attention]:
-        return [layer.self_attn.attn for layer in self.model.layers]
-
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        load_weights(self, weights)
+        self.attach_lm_head()

@@ -4,20 +4,20 @@ projections (all heads at once) before the heads are split and rotated."""
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Optional, Union
+from typing import Any, Optional, Union
 
 import torch
 from torch import nn
 
 from tandem.distributed.parallel_state import current_group
 from tandem.layers.attention import Attention
-from tandem.layers.embedding import Embedding, LMHead
+from tandem.layers.embedding import Embedding
 from tandem.layers.linear import QKVParallelLinear, RowParallelLinear
 from tandem.layers.norm import RMSNorm
 from tandem.layers.rotary import Rope, RotaryEmbedding, rope_parameters
+from tandem.models.causal_lm import CausalLM
 from tandem.models.config_fields import require
 from tandem.models.llama import GatedMLP
-from tandem.models.weights import load_weights
 
 FIELDS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
           "intermediate_size", "rms_norm_eps", "vocab_size")
@@ -104,24 +104,10 @@ class Olmo2Model(nn.Module):
         return self.norm(x)
 
 
-class Olmo2ForCausalLM(nn.Module):
+class Olmo2ForCausalLM(CausalLM):
     def __init__(self, cfg: Any) -> None:
         require(cfg, "Olmo2ForCausalLM", *FIELDS)
         super().__init__()
         self.config = cfg
         self.model = Olmo2Model(cfg)
-        tied = getattr(cfg, "tie_word_embeddings", False)
-        self.lm_head = LMHead(cfg.vocab_size, cfg.hidden_size,
-                              self.model.embed_tokens if tied else None)
-
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        return self.model(input_ids, positions)  # [T, hidden]
-
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden)  # [N, vocab]
-
-    def attention_layers(self) -> list[Attention]:
-        return [layer.self_attn.attn for layer in self.model.layers]
-
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        load_weights(self, weights)
+        self.attach_lm_head()

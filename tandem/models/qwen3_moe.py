@@ -10,18 +10,18 @@ of intermediate_size. Qwen3-MoE has no shared experts. The fused whole-stack CPU
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Optional
+from typing import Any, Optional
 
 import torch
 from torch import nn
 
 from tandem.layers.attention import Attention
-from tandem.layers.embedding import Embedding, LMHead
+from tandem.layers.embedding import Embedding
 from tandem.layers.moe import SparseMoeBlock
 from tandem.layers.norm import RMSNorm
 from tandem.layers.rotary import Rope, RotaryEmbedding, rope_parameters
+from tandem.models.causal_lm import CausalLM
 from tandem.models.llama import GatedMLP, LlamaAttention
-from tandem.models.weights import load_weights
 
 _MOE_FIELDS = ("num_experts", "num_experts_per_tok", "moe_intermediate_size")
 
@@ -96,24 +96,10 @@ class Qwen3MoeModel(nn.Module):
         return self.norm.add(x, residual)[0]
 
 
-class Qwen3MoeForCausalLM(nn.Module):
+class Qwen3MoeForCausalLM(CausalLM):
     def __init__(self, cfg: Any) -> None:
         super().__init__()
         check_config(cfg)
         self.config = cfg
         self.model = Qwen3MoeModel(cfg)
-        tied = getattr(cfg, "tie_word_embeddings", False)
-        self.lm_head = LMHead(cfg.vocab_size, cfg.hidden_size,
-                              self.model.embed_tokens if tied else None)
-
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        return self.model(input_ids, positions)  # [T, hidden]
-
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden)  # [N, vocab]
-
-    def attention_layers(self) -> list[Attention]:
-        return [layer.self_attn.attn for layer in self.model.layers]
-
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        load_weights(self, weights)
+        self.attach_lm_head()

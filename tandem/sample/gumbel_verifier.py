@@ -12,9 +12,10 @@ from __future__ import annotations
 import torch
 
 from tandem.sample.gumbel import gumbel_argmax, row_keys
-from tandem.sample.logits_processing import apply_penalties, compute_probs
+from tandem.sample.logits_processing import compute_probs
 from tandem.sample.metadata import SamplingMetadata
-from tandem.sample.rejection_sampler import RejectionOutput, RejectionSampler, _check_inputs
+from tandem.sample.rejection_sampler import (RejectionOutput, RejectionSampler, _check_inputs,
+                                             penalised_rows)
 
 
 class GumbelRejectionSampler(RejectionSampler):
@@ -39,14 +40,7 @@ class GumbelRejectionSampler(RejectionSampler):
         _check_inputs(target_logits, num_draft_tokens, draft_token_ids, draft_probs, md)
         if not num_draft_tokens:
             return RejectionOutput(token_ids=[], num_accepted=[])
-        # Row j of request i decides position positions[i] + j, penalised as if drafts[:j]
-        # were already generated (expand does both).
-        md_rows = md.expand([k + 1 for k in num_draft_tokens],
-                            [[list(d[:j]) for j in range(k + 1)]
-                             for d, k in zip(draft_token_ids, num_draft_tokens)])
-        logits = target_logits.float()                                       # [R, V]
-        if not md.no_penalties:
-            logits = apply_penalties(logits, md_rows)
+        logits, md_rows = penalised_rows(target_logits, num_draft_tokens, draft_token_ids, md)
         target = self.target_tokens(logits, md_rows).tolist()                # [R]
         token_ids, num_accepted, row = [], [], 0
         for drafts in draft_token_ids:

@@ -76,13 +76,7 @@ class RejectionSampler:
         is_greedy = [t == 0.0 for t in md.temperature.tolist()]
         random_reqs = [i for i, greedy in enumerate(is_greedy) if not greedy]
 
-        # Position j of request i is penalised as if drafts[:j] were already generated.
-        md_rows = md.expand([k + 1 for k in num_draft_tokens],
-                            [[list(d[:j]) for j in range(k + 1)]
-                             for d, k in zip(draft_token_ids, num_draft_tokens)])
-        logits = target_logits.float()                                  # [R, V]
-        if not md.no_penalties:
-            logits = apply_penalties(logits, md_rows)
+        logits, md_rows = penalised_rows(target_logits, num_draft_tokens, draft_token_ids, md)
         target_argmax = logits.argmax(dim=-1)                           # [R]
         probs = None if md.all_greedy else compute_probs(logits, md_rows, apply_penalty=False)
 
@@ -157,6 +151,20 @@ class RejectionSampler:
                 q *= ((x >= 0) & (x < vocab_size)).unsqueeze(1)
             weights[rej_r] = self.recovery_weights(weights[rej_r], q)
         return inverse_cdf(weights, final_u).tolist()
+
+
+def penalised_rows(target_logits: torch.Tensor, num_draft_tokens: list[int],
+                   draft_token_ids: list[list[int]], md: SamplingMetadata
+                   ) -> tuple[torch.Tensor, SamplingMetadata]:
+    """The verify rows' float logits [R, V] with penalties applied, and their metadata: row j of
+    request i decides its position as if drafts[:j] were already generated (expand does both)."""
+    md_rows = md.expand([k + 1 for k in num_draft_tokens],
+                        [[list(d[:j]) for j in range(k + 1)]
+                         for d, k in zip(draft_token_ids, num_draft_tokens)])
+    logits = target_logits.float()                                      # [R, V]
+    if not md.no_penalties:
+        logits = apply_penalties(logits, md_rows)
+    return logits, md_rows
 
 
 def _accept_uniforms(md: SamplingMetadata, num_draft_tokens: list[int], random_reqs: list[int],
