@@ -6,7 +6,9 @@ mean acceptance length, and the measured speedup over plain decoding of the targ
 standard model's prediction E(k) / (k c + 1), where E(k) = 1 + sum_i P(position i accepted) is
 the expected tokens per verify step and c the draft/target cost ratio (their plain decode times
 per token, measured here). `--adaptive` adds a run with adaptive speculation (k chosen per step,
-up to the largest k). The plot: acceptance by position, and measured vs predicted speedup vs k.
+up to the largest k) twice: "fresh", a controller that starts every run from the engine's
+load-time calibration (what a fresh engine meets: each run is a few short requests), and "warm",
+one controller kept across the rounds (a long-running server). The plot: acceptance by position, and measured vs predicted speedup vs k.
 
 Every policy (plain decoding, each k, adaptive) runs on one engine, switched between runs
 (`Drafting.set_policy`; plain is drafting off). Run as separate engines, the same configuration
@@ -82,13 +84,20 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
 
     # Every policy runs on one engine, switched between runs (plain = no drafting at all).
     k_max = max(args.k)
-    llm = make_llm(args, {**spec, "num_speculative_tokens": k_max})
+    # With --adaptive the engine is built adaptive, so it calibrates at load as any would.
+    llm = make_llm(args, {**spec, "num_speculative_tokens": k_max, "adaptive": args.adaptive})
     drafting = llm.llm_engine.drafting
     run_one(llm.llm_engine, prompts[0], warmup, "warmup")
-    variants = [(k, False) for k in args.k] + ([(k_max, True)] if args.adaptive else [])
+    variants = [(k, "") for k in args.k] + ([(k_max, "fresh"), (k_max, "warm")]
+                                            if args.adaptive else [])
+    warm: list[Any] = []  # the "warm" controller, kept from one round to the next
 
-    def policy(k: int, adaptive: bool) -> tuple[float, list[float], float]:
-        drafting.set_policy(k, adaptive)
+    def policy(k: int, controller: str = "") -> tuple[float, list[float], float]:
+        drafting.set_policy(k, bool(controller))
+        if controller == "warm":
+            if warm:
+                drafting.adaptive = warm[0]
+            warm[:] = [drafting.adaptive]
         rate, per_pos, length = _decode_rate(llm, prompts, params)
         return rate, per_pos[:k], length
 
@@ -97,9 +106,9 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
     target_alone: list[float] = []
     draft_alone: list[float] = []
     for _ in range(args.rounds):
-        before = policy(0, False)[0]
+        before = policy(0)[0]
         rounds.append([policy(k, a) for k, a in variants])
-        plain.append((before + policy(0, False)[0]) / 2)
+        plain.append((before + policy(0)[0]) / 2)
         target_alone.append(alone(args.model))
         draft_alone.append(alone(spec["model"]))
     target_rate = statistics.median(plain)
@@ -109,12 +118,14 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
         ratios = [r[i][0] / p for p, r in zip(plain, rounds)]
         tok_s, per_pos, length = statistics.median(r[i][0] for r in rounds), *rounds[0][i][1:]
         predicted = (1 + sum(per_pos)) / (k * c + 1)
-        runs.append({"k": k, "adaptive": adaptive, "tokens_per_s": tok_s,
+        runs.append({"k": k, "adaptive": bool(adaptive), "controller": adaptive or None,
+                     "tokens_per_s": tok_s,
                      "acceptance_by_position": per_pos, "mean_acceptance_length": length,
                      "speedup_measured": statistics.median(ratios),
                      "speedup_by_round": ratios,
                      "speedup_predicted": None if adaptive else predicted})
-        print(f"k={k}{' adaptive' if adaptive else ''}: {tok_s:.1f} tok/s, acceptance length "
+        print(f"k={k}{f' adaptive ({adaptive})' if adaptive else ''}: {tok_s:.1f} tok/s, "
+              f"acceptance length "
               f"{length:.2f}, speedup {statistics.median(ratios):.2f}x measured"
               + (f" (rounds: {', '.join(f'{x:.2f}' for x in ratios)})" if len(ratios) > 1 else "")
               + ("" if adaptive else f", {predicted:.2f}x predicted"))
@@ -154,7 +165,8 @@ def _plot(result: dict[str, Any], path: str) -> None:
                label="predicted E(k) / (k c + 1)")
     for r in result["runs"]:
         if r["adaptive"]:
-            right.axhline(r["speedup_measured"], color="green", ls=":", label="adaptive")
+            right.axhline(r["speedup_measured"], ls=":", label=f"adaptive ({r['controller']})",
+                          color="green" if r["controller"] == "fresh" else "purple")
     right.axhline(1.0, color="grey", lw=0.8)
     right.set(xlabel="k (draft tokens per step)", ylabel="speedup over plain decoding", xticks=ks,
               title=f"c = {result['cost_ratio_c']:.2f}")

@@ -3,7 +3,9 @@ with k fixed, or chosen per step by adaptive speculation from measured costs and
 
 from __future__ import annotations
 
+import copy
 import time
+from collections import deque
 from typing import Callable, Optional
 
 from tandem.core.request import Request
@@ -25,6 +27,10 @@ class Drafting:
         # by the number of running requests.
         self.schedule = schedule
         self.adaptive: Optional[AdaptiveK] = AdaptiveK(proposer.k) if adaptive else None
+        # What load-time calibration measured (engine/calibration.py): costs at every verify
+        # size and the draft's, and acceptance on a sample text. A fresh controller starts here.
+        self.calibration: Optional[AdaptiveK] = None
+        self.forced: deque[int] = deque()  # k for the coming steps, ahead of any policy
         self.fail = fail
         # Whether the last target step was decode/verify only. After a prefill the draft, too,
         # runs over a prompt, and neither cost says what drafting k tokens costs.
@@ -42,15 +48,25 @@ class Drafting:
         if adaptive and k == 0:
             raise ValueError("adaptive speculation needs k >= 1")
         self.proposer.k = self.k = k
-        self.adaptive = AdaptiveK(k) if adaptive else None
+        self.adaptive = self.fresh_controller(k) if adaptive else None
         self._decoding = False
+
+    def fresh_controller(self, k: int) -> AdaptiveK:
+        """A controller choosing 0..k, starting from the load-time calibration where there is
+        one (what a fresh engine starts from), else from its priors."""
+        if self.calibration is None:
+            return AdaptiveK(k)
+        return copy.deepcopy(self.calibration).restricted(k)
 
     def catch_up(self, running: list[Request]) -> int:
         """When every runnable request waits for drafts: let the draft run alone."""
         return propose_isolated(self.proposer, running, self.fail)
 
     def after_step(self, running: list[Request]) -> None:
-        k = self.k if self.adaptive is None else self.adaptive.choose(len(running))
+        if self.forced:
+            k = self.forced.popleft()
+        else:
+            k = self.k if self.adaptive is None else self.adaptive.choose(len(running))
         if self.schedule is not None:
             k = min(k, self.schedule.cap(len(running)))
         if k == 0:  # drafting is off, or plain decoding pays more now: skip the draft entirely

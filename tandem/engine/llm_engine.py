@@ -22,6 +22,7 @@ from tandem.core.request import Request, RequestStatus
 from tandem.core.scheduler import Scheduler
 from tandem.engine.detokenizer import IncrementalDetokenizer
 from tandem.engine.engine_metrics import engine_metrics
+from tandem.engine.calibration import calibrate
 from tandem.engine.drafting import Drafting
 from tandem.engine.fault_isolation import execute_isolated
 from tandem.engine.latency_metrics import LatencyMetrics
@@ -74,20 +75,14 @@ class LLMEngine:
         self.runner = ModelRunner(self.executor.forward("target"), self.device, mc.vocab_size,
                                   self.tokenizer, *build_samplers(spec, mc.seed))
         self.proposer: Optional[DraftProposer] = None
-        self.spec_metrics: Optional[SpecDecodeMetrics] = None
         if spec is not None:
             self.proposer = build_proposer(config, self.executor.forward("draft"), self.kv,
                                            self.device)
-            self.spec_metrics = SpecDecodeMetrics(spec.num_speculative_tokens)
         self.drafting = (Drafting(self.proposer, spec.adaptive, self._fail,
                                   BatchSizeSchedule(spec.num_speculative_tokens_per_batch_size,
                                                     spec.num_speculative_tokens)
                                   if spec.num_speculative_tokens_per_batch_size else None)
                          if self.proposer is not None else None)
-        self.spec_tracker = SpecTracker(self.spec_metrics,
-                                        spec.num_speculative_tokens if spec else 0,
-                                        self.drafting.observe_acceptance if self.drafting
-                                        else None)
         self._rng = random.Random(mc.seed)
         self.parents: dict[str, RequestGroup] = {}
         self._child_parent: dict[str, RequestGroup] = {}
@@ -99,9 +94,23 @@ class LLMEngine:
         self.grammars = GrammarCompiler(self.tokenizer, mc.vocab_size)  # structured outputs
         self.eos_token_id = self.tokenizer.eos_token_id
         self._extra_stop_ids = self._config_eos_ids() - {self.eos_token_id}
-        self.latency = LatencyMetrics(mc.max_model_len)
+        self.reset_stats()
+        if self.drafting is not None and self.drafting.adaptive is not None:
+            calibrate(self)  # adaptive speculation starts from measured costs, not priors
+
+    def reset_stats(self) -> None:
+        """Zero every counter and histogram /metrics reports (after load-time calibration)."""
+        spec = self.config.speculative_config
+        self.spec_metrics: Optional[SpecDecodeMetrics] = (
+            SpecDecodeMetrics(spec.num_speculative_tokens) if spec is not None else None)
+        self.spec_tracker = SpecTracker(self.spec_metrics,
+                                        spec.num_speculative_tokens if spec else 0,
+                                        self.drafting.observe_acceptance if self.drafting
+                                        else None)
+        self.latency = LatencyMetrics(self.model_config.max_model_len)
         self.counters = {"prompt_tokens": 0, "generation_tokens": 0, "request_success": 0,
                          "request_aborted": 0, "request_failed": 0}
+        self.kv.prefix_queries = self.kv.prefix_hits = self.scheduler.num_preemptions = 0
 
     @classmethod
     def from_kwargs(cls, model: str, **kwargs: Any) -> LLMEngine:

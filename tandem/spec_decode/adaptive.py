@@ -116,6 +116,15 @@ class AdaptiveK:
         self.steps = 0
         self.last_k = k_max
 
+    def restricted(self, k: int) -> AdaptiveK:
+        """This controller (its costs and acceptance evidence) choosing 0..k from its next step
+        on, past its warm-up: what a calibrated controller starts from."""
+        self.k_max = k
+        self.hits, self.misses = self.hits[:k], self.misses[:k]
+        self.steps = max(self.steps, self.warmup_steps)
+        self.last_k = min(self.last_k, k)
+        return self
+
     # ---- measurements ----------------------------------------------------------------------
 
     def observe_acceptance(self, num_drafted: int, num_accepted: int) -> None:
