@@ -12,7 +12,8 @@ requests add theirs; Thompson draws still try a position as long as it may pay).
 How. One greedy request on `SAMPLE_TEXT` runs through the ordinary step loop with k forced per
 step (`Drafting.forced`): one cycle K..0 to warm up (the first pass of each size also picks its
 matmul kernels, which a first user request would otherwise pay for), then `_CYCLES` cycles timed
-into a fresh controller. Then the request is aborted and every counter /metrics reports is
+into a fresh controller, which keeps the warm-up's acceptance too (more evidence: a useless
+draft's first position then has 9 misses for K = 3, and a Thompson draw seldom tries it again). Then the request is aborted and every counter /metrics reports is
 zeroed. The request is greedy and seeded, so it draws nothing from the engine's random stream:
 what the engine does after calibration is what it did before, but for the choice of k.
 """
@@ -60,7 +61,8 @@ def calibrate(engine: LLMEngine) -> None:
             if timed:
                 break
             timed = True
-            drafting.adaptive = AdaptiveK(k_max)       # from here on, what calibration keeps
+            warmed, drafting.adaptive = drafting.adaptive, AdaptiveK(k_max)  # timed from here
+            drafting.adaptive.hits, drafting.adaptive.misses = warmed.hits, warmed.misses
             drafting.forced.extend(cycle * _CYCLES)
         engine.step()
     engine.abort_request(_REQUEST_ID)                  # frees its blocks
