@@ -25,10 +25,12 @@ VLLM_METHODS = ("ngram", "medusa", "mlp_speculator", "draft_model", "suffix", "c
 # "auto" (tandem's, the default): probabilistic drafting for sampled requests, greedy for greedy
 # ones. "probabilistic" does the same per row (a greedy request's q is one-hot at its argmax).
 DRAFT_SAMPLE_METHODS = ("auto", "greedy", "probabilistic")
-# "gumbel" (tandem's): drafter-invariant Gumbel-max coupling (sample/gumbel.py). Not the default:
-# on the TLI pair its acceptance is 6-10% below standard's (docs/speculation.md).
-REJECTION_METHODS = ("gumbel", "standard", "synthetic")
-DEFAULT_REJECTION_METHOD = "standard"
+# "gumbel" (tandem's): drafter-invariant Gumbel-max coupling for every sampled request
+# (sample/gumbel.py); on the TLI pair its acceptance is 6-10% below standard's. "auto" (tandem's,
+# the default): "gumbel" for sampled requests with their own seed, so no drafting and no timing
+# (adaptive k) can change their tokens, "standard" for the rest (docs/speculation.md).
+REJECTION_METHODS = ("auto", "gumbel", "standard", "synthetic")
+DEFAULT_REJECTION_METHOD = "auto"
 # How a TLI draft sees a target token without a twin in its vocabulary (tandem's own key).
 FEEDBACK_MODES = ("reencode", "unk")
 MAX_SPEC_LEN = 128  # vLLM's rejection sampler bound

@@ -48,10 +48,11 @@ SPEC_KEYS_HELP = """\
   use_heterogeneous_vocab       true: a draft with another tokenizer (Token-Level Intersection)
   heterogeneous_vocab_feedback  "reencode" (default) or "unk": how target tokens the draft's
                                 vocabulary lacks reach the draft
-  rejection_sample_method       "standard" (default, Leviathan et al.), "gumbel" (drafter-
-                                invariant: a seeded request gets the same tokens whatever the
-                                draft, k or adaptive choice) or "synthetic" (benchmarks only,
-                                not lossless; with
+  rejection_sample_method       "auto" (default: "gumbel" for seeded sampled requests,
+                                "standard" for the rest), "standard" (Leviathan et al.),
+                                "gumbel" (drafter-invariant: a seeded request gets the same
+                                tokens whatever the draft, k or adaptive choice) or
+                                "synthetic" (benchmarks only, not lossless; with
                                 synthetic_acceptance_rates [per position] or
                                 synthetic_acceptance_length; serve needs
                                 --allow-synthetic-acceptance)
