@@ -38,9 +38,9 @@ def set_method(llm, method: str, drafting: str) -> None:
     engine = llm.llm_engine
     gumbel = method == "gumbel"
     engine.runner.rejection_sampler = GumbelRejectionSampler() if gumbel else RejectionSampler()
-    engine.runner.sampler = Sampler(gumbel=gumbel)
+    engine.runner.sampler = Sampler(method)
     inputs = engine.proposer.inputs
-    inputs.gumbel, inputs.probabilistic = gumbel, drafting == "probabilistic"
+    inputs.method, inputs.probabilistic = method, drafting == "probabilistic"
 
 
 def counters(llm) -> tuple[float, float, float]:

@@ -99,7 +99,10 @@ def main() -> None:
                     llm = LLM(GEMMA3, **common, speculative_config={
                         "model": SMOLLM2, "num_speculative_tokens": k, "method": "draft_model",
                         "use_heterogeneous_vocab": True, "draft_sample_method": method,
-                        "heterogeneous_vocab_feedback": feedback})
+                        "heterogeneous_vocab_feedback": feedback,
+                        # the requests are seeded: "auto" (the default) would verify them all
+                        # by the gumbel rule; these rows measure Leviathan's
+                        "rejection_sample_method": "standard"})
                     rate, out = run(llm, texts, params(t), args.concurrency)
                     m = {x.name: x.value for x in llm.get_metrics() if hasattr(x, "value")}
                     del llm

@@ -1,4 +1,5 @@
-"""Drafter-invariant sampling by the Gumbel-max trick (rejection_sample_method "gumbel").
+"""Drafter-invariant sampling by the Gumbel-max trick (rejection_sample_method "gumbel", and
+"auto" for the sampled rows of seeded requests: `coupled_rows`).
 
 Daliri, Musco and Suresh, "Coupling without Communication and Drafter-Invariant Speculative
 Decoding" (2024). Each (request seed, output position) owns a noise vector g over the target's
@@ -51,6 +52,20 @@ def noise(keys: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
 
 def _signed(key: int) -> int:
     return key - (1 << 64) if key >= 1 << 63 else key
+
+
+def coupled_rows(md: SamplingMetadata, method: str) -> list[bool]:
+    """[B]: which rows draw by Gumbel-max under rejection_sample_method `method` (their draft
+    proposes with the same noise, their verification compares tokens): every sampled row under
+    "gumbel"; under "auto" the sampled rows of requests with their own seed, whose tokens must
+    not depend on drafting (nor on the timing adaptive speculation reads); none otherwise.
+    Greedy rows take the argmax under every method."""
+    if method not in ("gumbel", "auto"):
+        return [False] * md.num_rows
+    sampled = [t != 0.0 for t in md.temperature.tolist()]
+    if method == "gumbel":
+        return sampled
+    return [s and seeded for s, seeded in zip(sampled, md.seeded)]
 
 
 def row_keys(md: SamplingMetadata, device: torch.device) -> torch.Tensor:

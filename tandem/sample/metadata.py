@@ -33,6 +33,8 @@ class SamplingMetadata:
     repetition_penalty: torch.Tensor  # [B] float32, 1.0 = off
     rngs: list[SeededRandom]           # [B], one per row; copies made by `expand` share the object
     positions: list[int]               # [B] output position (index of the token) each row decides
+    seeded: list[bool]                 # [B] the request has its own seed (SamplingParams.seed):
+                                       # rejection method "auto" samples such rows by Gumbel-max
     output_token_ids: list[list[int]]  # [B] tokens generated so far (frequency/presence/repetition)
     prompt_token_ids: list[list[int]]  # [B] prompt tokens (repetition penalty only, as vLLM)
     all_greedy: bool
@@ -83,6 +85,7 @@ class SamplingMetadata:
             frequency_penalty=f32([p.frequency_penalty for p in params]),
             repetition_penalty=f32([p.repetition_penalty for p in params]),
             rngs=list(rngs), positions=list(positions),
+            seeded=[p.seed is not None for p in params],
             output_token_ids=[list(t) for t in output_token_ids],
             prompt_token_ids=[list(t) for t in prompt_token_ids],
             all_greedy=all(greedy),
@@ -112,10 +115,12 @@ class SamplingMetadata:
 
         rngs: list[SeededRandom] = []
         positions: list[int] = []
+        seeded: list[bool] = []
         outputs: list[list[int]] = []
         prompts: list[list[int]] = []
         for i, c in enumerate(counts):
             rngs += [self.rngs[i]] * c
+            seeded += [self.seeded[i]] * c
             positions += [self.positions[i] + j for j in range(c)]
             prompts += [self.prompt_token_ids[i]] * c  # shared, never mutated
             outputs += [self.output_token_ids[i] + list(e) for e in extra_output_ids[i]]
@@ -124,7 +129,7 @@ class SamplingMetadata:
             min_p=rep(self.min_p), presence_penalty=rep(self.presence_penalty),
             frequency_penalty=rep(self.frequency_penalty),
             repetition_penalty=rep(self.repetition_penalty),
-            rngs=rngs, positions=positions, output_token_ids=outputs, prompt_token_ids=prompts,
+            rngs=rngs, positions=positions, seeded=seeded, output_token_ids=outputs, prompt_token_ids=prompts,
             all_greedy=self.all_greedy, all_random=self.all_random,
             no_penalties=self.no_penalties, no_filters=self.no_filters,
         )
@@ -145,6 +150,7 @@ class SamplingMetadata:
             frequency_penalty=self.frequency_penalty[index],
             repetition_penalty=self.repetition_penalty[index],
             rngs=[self.rngs[i] for i in rows], positions=[self.positions[i] for i in rows],
+            seeded=[self.seeded[i] for i in rows],
             output_token_ids=[self.output_token_ids[i] for i in rows],
             prompt_token_ids=[self.prompt_token_ids[i] for i in rows],
             all_greedy=all(greedy), all_random=not any(greedy),

@@ -1,13 +1,15 @@
-"""Sampler: one token per row from target logits (plain decoding, and the rejection sampler's and
-the draft proposer's building block `sample_from_probs`)."""
+"""Sampler: one token per row from target logits (plain decoding), and the building blocks the
+rejection sampler and the draft proposer share: `sample_from_probs` (keyed inverse CDF) and
+`sample_by_method` (that, or Gumbel-max for the rows the rejection method couples)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
-from tandem.sample.gumbel import gumbel_argmax, row_keys
+from tandem.sample.gumbel import coupled_rows, gumbel_argmax, row_keys
 from tandem.sample.logits_processing import apply_penalties, compute_probs
 from tandem.sample.logprobs import LogprobsTensors, compute_logprobs
 from tandem.sample.metadata import SamplingMetadata
@@ -42,14 +44,45 @@ def sample_from_probs(probs: torch.Tensor, md: SamplingMetadata,
     return inverse_cdf(probs, md.uniforms(purpose))
 
 
+GumbelDraw = Callable[[torch.Tensor, SamplingMetadata], torch.Tensor]
+
+
+def gumbel_draw(probs: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
+    """[C, V] probabilities -> [C] int64: each row's Gumbel-max with its noise at its position."""
+    return gumbel_argmax(torch.log(probs), row_keys(md, probs.device))
+
+
+def sample_by_method(probs: torch.Tensor, md: SamplingMetadata, method: str,
+                     purpose: Purpose = Purpose.SAMPLE,
+                     coupled_draw: GumbelDraw = gumbel_draw) -> torch.Tensor:
+    """[B, V] probabilities -> [B] int64 samples under rejection_sample_method `method`: the rows
+    gumbel.coupled_rows names draw by `coupled_draw` (Gumbel-max; a draft passes its own, which
+    reads the target's noise), the others by `sample_from_probs` with their uniform for
+    `purpose`. Each subset runs as a batch of its own; every row's draw is keyed by its own seed
+    and position, so the split changes no row's token."""
+    coupled = coupled_rows(md, method)
+    if not any(coupled):
+        return sample_from_probs(probs, md, purpose)
+    if all(coupled):
+        return coupled_draw(probs, md)
+    rows = torch.tensor(coupled, device=probs.device)                        # [B] bool
+    out = torch.empty(probs.shape[0], dtype=torch.int64, device=probs.device)
+    out[rows] = coupled_draw(probs[rows], md.select([i for i, c in enumerate(coupled) if c]))
+    out[~rows] = sample_from_probs(probs[~rows], md.select(
+        [i for i, c in enumerate(coupled) if not c]), purpose)
+    return out
+
+
 class Sampler:
     """Greedy rows take the argmax of the penalised logits; random rows draw from
-    compute_probs with their own keyed uniform (greedy rows use no randomness), or, with
-    `gumbel`, take the Gumbel-max of its logs with the row's noise at its position (gumbel.py:
-    the token a speculative step would emit there, whatever the draft)."""
+    compute_probs as `sample_by_method` does for the engine's rejection_sample_method: with their
+    own keyed uniform (greedy rows use no randomness), or, where the method couples them (every
+    random row under "gumbel", seeded ones under "auto"), the Gumbel-max of its logs with the
+    row's noise at its position (gumbel.py: the token a speculative step would emit there,
+    whatever the draft)."""
 
-    def __init__(self, gumbel: bool = False) -> None:
-        self.gumbel = gumbel
+    def __init__(self, method: str = "standard") -> None:
+        self.method = method  # "standard" (synthetic engines too), "gumbel" or "auto"
 
     def __call__(self, logits: torch.Tensor, md: SamplingMetadata,
                  num_logprobs: int | None = None) -> SamplerOutput:
@@ -63,10 +96,7 @@ class Sampler:
             sub_md = md.select(random_rows.tolist())
             probs = compute_probs(logits[random_rows.to(logits.device)], sub_md,
                                   apply_penalty=False)                   # [R, V]
-            if self.gumbel:
-                drawn = gumbel_argmax(torch.log(probs), row_keys(sub_md, probs.device))
-            else:
-                drawn = sample_from_probs(probs, sub_md)                 # [R]
+            drawn = sample_by_method(probs, sub_md, self.method)        # [R]
             sampled[random_rows.to(sampled.device)] = drawn
         out_logprobs = None
         if num_logprobs is not None:

@@ -25,10 +25,12 @@ VLLM_METHODS = ("ngram", "medusa", "mlp_speculator", "draft_model", "suffix", "c
 # "auto" (tandem's, the default): probabilistic drafting for sampled requests, greedy for greedy
 # ones. "probabilistic" does the same per row (a greedy request's q is one-hot at its argmax).
 DRAFT_SAMPLE_METHODS = ("auto", "greedy", "probabilistic")
-# "gumbel" (tandem's): drafter-invariant Gumbel-max coupling (sample/gumbel.py). Not the default:
-# on the TLI pair its acceptance is 6-10% below standard's (docs/speculation.md).
-REJECTION_METHODS = ("gumbel", "standard", "synthetic")
-DEFAULT_REJECTION_METHOD = "standard"
+# "gumbel" (tandem's): drafter-invariant Gumbel-max coupling for every sampled request
+# (sample/gumbel.py); on the TLI pair its acceptance is 6-10% below standard's. "auto" (tandem's,
+# the default): "gumbel" for sampled requests with their own seed, so no drafting and no timing
+# (adaptive k) can change their tokens, "standard" for the rest (docs/speculation.md).
+REJECTION_METHODS = ("auto", "gumbel", "standard", "synthetic")
+DEFAULT_REJECTION_METHOD = "auto"
 # How a TLI draft sees a target token without a twin in its vocabulary (tandem's own key).
 FEEDBACK_MODES = ("reencode", "unk")
 MAX_SPEC_LEN = 128  # vLLM's rejection sampler bound
@@ -50,8 +52,10 @@ class SpeculativeConfig:
     use_heterogeneous_vocab: bool = False
     heterogeneous_vocab_feedback: str = "reencode"
     # tandem's own: choose the number of drafts every step, 0..num_speculative_tokens, from
-    # measured acceptance and costs (spec_decode/adaptive.py)
-    adaptive: bool = False
+    # measured acceptance and costs (spec_decode/adaptive.py), calibrated at load
+    # (engine/calibration.py). On by default: within 5% of plain with a useless draft and of the
+    # best fixed k (docs/speculation.md); seeded requests cannot depend on it under "auto".
+    adaptive: bool = True
     # Benchmarking only, not lossless (sample/synthetic_sampler.py), as in vLLM.
     rejection_sample_method: str = DEFAULT_REJECTION_METHOD
     synthetic_acceptance_rates: Optional[list[float]] = None

@@ -3,7 +3,8 @@
 `SharedVocabDraft`: a draft with the target's tokenizer reads the target's token ids and block
 tables, and its ids are target ids (only padded vocabularies may differ).
 Under rejection_sample_method "gumbel" both propose the Gumbel-max of q with the noise the target
-reads at the same output position (sample/gumbel.py), keyed by target token ids, and keep no q.
+reads at the same output position (sample/gumbel.py), keyed by target token ids, and keep no q;
+under "auto" the sampled rows of seeded requests do so, and the other rows draft as "standard".
 `TLIDraft`: a draft with another tokenizer keeps its own token sequence (translated from the
 target's by `TargetToDraft`) and blocks of its own, proposes only inside the vocabulary
 intersection, and hands the verifier target ids and q placed in the target's vocabulary.
@@ -20,11 +21,11 @@ import torch
 
 from tandem.core.kv_cache_manager import KVCacheManager
 from tandem.core.request import Request
-from tandem.sample.gumbel import gumbel_argmax, row_keys
+from tandem.sample.gumbel import coupled_rows, gumbel_argmax, row_keys
 from tandem.sample.logits_processing import compute_probs
 from tandem.sample.metadata import SamplingMetadata
 from tandem.sample.random import Purpose
-from tandem.sample.sampler import sample_from_probs
+from tandem.sample.sampler import sample_by_method
 from tandem.spec_decode.draft_feedback import TargetToDraft
 from tandem.spec_decode.vocab_mapping import VocabMapping
 
@@ -34,11 +35,13 @@ Proposal = tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]
 
 class SharedVocabDraft:
     def __init__(self, kv: KVCacheManager, target_vocab_size: int, probabilistic: bool,
-                 gumbel: bool = False) -> None:
+                 method: str = "standard") -> None:
         self.kv = kv
         self.vocab_size = target_vocab_size
         self.probabilistic = probabilistic
-        self.gumbel = gumbel  # propose the Gumbel-max of q with the target's noise (no q kept)
+        # The rejection method: the rows it couples (gumbel.coupled_rows) propose the Gumbel-max
+        # of q with the target's noise and keep no q.
+        self.method = method
 
     def context_end(self, req: Request, drafting: bool) -> int:
         """Positions the draft's KV must cover before it drafts: the target's computed tokens
@@ -63,24 +66,22 @@ class SharedVocabDraft:
         if not self.probabilistic or md.all_greedy:  # q would be one-hot at the argmax
             ids = logits.argmax(dim=-1)
             return ids, ids, None
-        if self.gumbel:
-            ids = _gumbel_draft(compute_probs(logits, md, apply_penalty=False), md, None)
-            return ids, ids, None
         # q is exactly the distribution the draft token is drawn from; penalties are skipped
         # (any q keeps the output exact, the rejection sampler corrects for it).
         q = compute_probs(logits, md, apply_penalty=False)  # [B, V]
-        ids = sample_from_probs(q, md, Purpose.DRAFT)
-        return ids, ids, q
+        ids = sample_by_method(q, md, self.method, Purpose.DRAFT,
+                               lambda q_c, md_c: _gumbel_draft(q_c, md_c, None))
+        return ids, ids, q if _needs_q(md, self.method) else None
 
 
 class TLIDraft:
     def __init__(self, kv: KVCacheManager, mapping: VocabMapping, feedback: TargetToDraft,
-                 probabilistic: bool, gumbel: bool = False) -> None:
+                 probabilistic: bool, method: str = "standard") -> None:
         self.kv = kv
         self.mapping = mapping
         self.feedback = feedback
         self.probabilistic = probabilistic
-        self.gumbel = gumbel
+        self.method = method  # as SharedVocabDraft's
         self.outside = ~mapping.draft_mask  # [V_draft] True where the draft may not propose
 
     def context_end(self, req: Request, drafting: bool) -> int:
@@ -122,16 +123,25 @@ class TLIDraft:
             draft_ids = logits.argmax(dim=-1)                         # [B]
             return draft_ids, m.draft_to_target[draft_ids], None
         q_draft = compute_probs(logits, md, apply_penalty=False)      # [B, V_draft], 0 outside I
-        if self.gumbel:
-            # Draft token d reads the noise of its twin d2t[d], the target token it proposes,
-            # so q close to p picks the token p picks. Tokens outside I have q = 0 (log -inf)
-            # and never read noise (their -1 twin is clamped only to keep the gather valid).
-            draft_ids = _gumbel_draft(q_draft, md, m.draft_to_target.clamp(min=0))
+        # Coupled rows: draft token d reads the noise of its twin d2t[d], the target token it
+        # proposes, so q close to p picks the token p picks. Tokens outside I have q = 0 (log
+        # -inf) and never read noise (their -1 twin is clamped only to keep the gather valid).
+        twins = m.draft_to_target.clamp(min=0)
+        draft_ids = sample_by_method(q_draft, md, self.method, Purpose.DRAFT,
+                                     lambda q_c, md_c: _gumbel_draft(q_c, md_c, twins))  # [B]
+        if not _needs_q(md, self.method):
             return draft_ids, m.draft_to_target[draft_ids], None
-        draft_ids = sample_from_probs(q_draft, md, Purpose.DRAFT)     # [B]
         q = q_draft.new_zeros(q_draft.shape[0], m.target_vocab_size)  # [B, V_target]
         q.index_copy_(1, m.target_ids, q_draft.index_select(1, m.draft_ids))
         return draft_ids, m.draft_to_target[draft_ids], q
+
+
+def _needs_q(md: SamplingMetadata, method: str) -> bool:
+    """Whether a sampled row the method does not couple is in the batch: only such rows are
+    verified against q (coupled rows by token equality, greedy rows by the argmax). Coupled
+    rows' q rows in a mixed batch are their real q, but the proposer keeps none for them."""
+    coupled = coupled_rows(md, method)
+    return any(t != 0.0 and not c for t, c in zip(md.temperature.tolist(), coupled))
 
 
 def _gumbel_draft(q: torch.Tensor, md: SamplingMetadata,

@@ -14,6 +14,7 @@ from typing import Callable, Optional, Union
 import torch
 
 from tandem.core.request import Request
+from tandem.sample.gumbel import coupled_rows
 from tandem.sample.metadata import SamplingMetadata
 from tandem.spec_decode.draft_inputs import SharedVocabDraft, TLIDraft
 from tandem.worker.model_runner import ForwardBatch, make_batch
@@ -94,6 +95,9 @@ class DraftProposer:
             [r.prompt_token_ids for r, *_ in active], [r.rng for r, *_ in active],
             self.device)
         drafts, probs, feeds = self._draft(active, md, logits)
+        # Rows verified by token equality (gumbel.coupled_rows) keep no q, even where a mixed
+        # batch computed one for them.
+        coupled = coupled_rows(md, self.inputs.method)
         # State changes only now that everything succeeded: a retry after a failure (the
         # engine's fault isolation) redoes the same work, with the same keyed randomness.
         self._advance(todo)
@@ -103,7 +107,7 @@ class DraftProposer:
             # q for every draft, or none: a greedy request in a mixed batch gets q rows only at
             # the steps a sampled row shared with it; its q is one-hot anyway (None).
             r.draft_probs = (torch.stack(probs[i]) if len(probs[i]) == len(drafts[i])
-                             and r.params.temperature != 0 else None)
+                             and r.params.temperature != 0 and not coupled[i] else None)
         return computed + sum(len(f) for f in feeds)
 
     def _draft(self, active: list, md: SamplingMetadata, logits: torch.Tensor

@@ -109,3 +109,5 @@ def test_cli_version_and_help() -> None:
     result = _run_cli("serve", "--help")
     assert result.returncode == 0 and "--speculative-config" in result.stdout
     assert "--max-model-len" in result.stdout
+    # the speculative keys' values, the default rejection method among them
+    assert '"auto" (default: "gumbel" for seeded sampled requests' in result.stdout

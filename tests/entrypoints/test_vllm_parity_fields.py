@@ -189,9 +189,11 @@ def test_named_tool_choice_returns_the_call(servers: dict) -> None:
 
 def test_required_tool_choice_returns_calls_matching_their_schemas(servers: dict) -> None:
     """Seeded sampling: greedy decoding of a random model writes whitespace between JSON tokens
-    until max_tokens (JSON allows it); samples finish the array within 200 tokens."""
+    until max_tokens (JSON allows it); samples finish the array within 200 tokens. (Whether one
+    does depends on the seed: seed 5's first choice does under Gumbel-max sampling, which seeded
+    requests get under the default "auto" method, with a draft and without alike.)"""
     kwargs = dict(messages=MESSAGES, tools=TOOLS, tool_choice="required", max_tokens=200,
-                  temperature=1.0, seed=2, n=3)
+                  temperature=1.0, seed=5, n=3)
     for name in ("plain", "spec"):
         srv, oa = servers[name]
         r = oa.chat.completions.create(model=srv.model, **kwargs)

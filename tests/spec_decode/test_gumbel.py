@@ -37,7 +37,8 @@ def _spec(target: str, draft: str, k: int, max_model_len: int | None = None,
 
 def _never_drafts(target: str) -> LLM:
     """Under "gumbel", but k = 0 at every batch size: the draft never runs, every token comes
-    from the plain sampler. (A draft-less engine samples as the default method, "standard".)"""
+    from the plain sampler. (A draft-less engine samples as the default method, "auto": seeded
+    requests alike, test_auto_method.py.)"""
     return _spec(target, target, 1, num_speculative_tokens_per_batch_size=[[1, 1024, 0]])
 
 
@@ -121,7 +122,7 @@ def test_planted_unshared_noise_loses_acceptance(tiny_llama, prompts, monkeypatc
 
 
 def test_two_fresh_engines_give_seeded_requests_the_same_tokens(tiny_llama, draft, prompts):
-    """The default configuration (no keys but model, k; "standard", "auto" drafting, no adaptive):
+    """The default configuration (no keys but model, k; "auto" methods, no adaptive):
     the same seeded tokens twice."""
     def run() -> list[list[int]]:
         llm = LLM(tiny_llama, speculative_config={"model": draft, "num_speculative_tokens": 3})

@@ -1,6 +1,6 @@
 """Gumbel-max sampling draws from the target's exact distribution, plain and speculative.
 
-Plain: the Sampler with `gumbel` (what an engine under "gumbel" samples without drafts) over 40,000 rows of one 40-token distribution (penalised,
+Plain: the Sampler under "gumbel" (what an engine under "gumbel" samples without drafts) over 40,000 rows of one 40-token distribution (penalised,
 temperature 0.8, top-p 0.95), each row its own seed, against a float64 reference by chi-square.
 Speculative: the 24-token pair and exact law of the first three tokens of
 test_spec_distribution.py, k = 2 and a partly-agreeing draft, through the engine.
@@ -32,7 +32,7 @@ def _plain_counts(vocab: int = 40) -> tuple[np.ndarray, np.ndarray]:
     params = SamplingParams(temperature=TEMPERATURE, top_p=TOP_P, presence_penalty=0.5)
     md = make_md([params] * NUM_ROWS, list(range(NUM_ROWS)), output_token_ids=[[0, 1]] * NUM_ROWS,
                  positions=[i % 7 for i in range(NUM_ROWS)])
-    tokens = Sampler(gumbel=True)(logits.expand(NUM_ROWS, vocab), md).sampled_token_ids
+    tokens = Sampler("gumbel")(logits.expand(NUM_ROWS, vocab), md).sampled_token_ids
     # Reference in float64: presence penalty on tokens 0 and 1, temperature, top-p.
     ref = logits.double().clone()
     ref[:2] -= 0.5

@@ -29,7 +29,7 @@ from tiny_models import build_tiny_model
     ({"model": "D", "num_speculative_tokens": 3, "draft_sample_method": "beam"},
      "draft_sample_method must be one of ['auto', 'greedy', 'probabilistic'], got 'beam'."),
     ({"model": "D", "num_speculative_tokens": 3, "rejection_sample_method": "coupled"},
-     "rejection_sample_method 'coupled' is unknown; supported: ['gumbel', 'standard', "
+     "rejection_sample_method 'coupled' is unknown; supported: ['auto', 'gumbel', 'standard', "
      "'synthetic']."),
     ({"model": "D", "num_speculative_tokens": 3,
       "num_speculative_tokens_per_batch_size": [[1, 4, 3], [4, 8, 1]]},
@@ -103,7 +103,7 @@ def test_speculative_config_object_and_method_default(tiny_llama):
     llm = LLM(tiny_llama, speculative_config=cfg)
     spec = llm.llm_engine.config.speculative_config
     assert spec.num_speculative_tokens == 2 and spec.draft_sample_method == "auto"
-    assert spec.rejection_sample_method == "standard"
+    assert spec.rejection_sample_method == "auto"
 
 
 def test_vllm_keys_without_effect_are_accepted_and_logged(tiny_llama, caplog):

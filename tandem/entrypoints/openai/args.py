@@ -48,15 +48,17 @@ SPEC_KEYS_HELP = """\
   use_heterogeneous_vocab       true: a draft with another tokenizer (Token-Level Intersection)
   heterogeneous_vocab_feedback  "reencode" (default) or "unk": how target tokens the draft's
                                 vocabulary lacks reach the draft
-  rejection_sample_method       "standard" (default, Leviathan et al.), "gumbel" (drafter-
-                                invariant: a seeded request gets the same tokens whatever the
-                                draft, k or adaptive choice) or "synthetic" (benchmarks only,
-                                not lossless; with
+  rejection_sample_method       "auto" (default: "gumbel" for seeded sampled requests,
+                                "standard" for the rest), "standard" (Leviathan et al.),
+                                "gumbel" (drafter-invariant: a seeded request gets the same
+                                tokens whatever the draft, k or adaptive choice) or
+                                "synthetic" (benchmarks only, not lossless; with
                                 synthetic_acceptance_rates [per position] or
                                 synthetic_acceptance_length; serve needs
                                 --allow-synthetic-acceptance)
-  adaptive                      true: choose 0..num_speculative_tokens drafts every step from
-                                measured acceptance and costs (tandem's own key)
+  adaptive                      true (default): choose 0..num_speculative_tokens drafts every
+                                step from measured acceptance and costs, calibrated at load
+                                (tandem's own key); false: a fixed k
   num_speculative_tokens_per_batch_size
                                 [[start, end, k], ...]: at most k drafts while start..end
                                 requests run (inclusive; caps adaptive's choice too)
