@@ -83,7 +83,8 @@ def main() -> None:
     before = rss_mb()
     t0 = time.perf_counter()
     llm = LLM(model=target, speculative_config={
-        "model": draft, "num_speculative_tokens": args.k, "quantization": args.quantization,
+        "model": draft, "num_speculative_tokens": args.k, "adaptive": False,
+        "quantization": args.quantization,
         "rejection_sample_method": "synthetic", "synthetic_acceptance_rates": rates}, **common)
     load_s = time.perf_counter() - t0
     added = rss_mb() - before

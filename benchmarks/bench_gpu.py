@@ -136,7 +136,8 @@ def main() -> None:
     if device == "cuda":
         torch.cuda.empty_cache()
     spec = LLM(model=target, speculative_config={
-        "model": draft, "num_speculative_tokens": args.k, "rejection_sample_method": "synthetic",
+        "model": draft, "num_speculative_tokens": args.k, "adaptive": False,
+        "rejection_sample_method": "synthetic",
         "synthetic_acceptance_rates": rates}, **common)
     for run in results["runs"]:
         decode(spec, run["batch"], 16, 4, device)

@@ -74,7 +74,8 @@ def main() -> None:
     for name in args.pairs.split(","):
         target, draft, tli = pairs[name]
         llm = LLM(target, **common, speculative_config={
-            "model": draft, "num_speculative_tokens": args.k, "use_heterogeneous_vocab": tli})
+            "model": draft, "num_speculative_tokens": args.k, "adaptive": False,
+            "use_heterogeneous_vocab": tli})
         for t in (0.7, 1.0):
             for method in ("standard", "gumbel"):
                 for drafting in ("greedy", "probabilistic"):

@@ -68,7 +68,8 @@ def main() -> None:
         else:
             target = GEMMA3 if name == "tli" else SMOLLM2
         llm = LLM(target, dtype="float32", max_model_len=2048, disable_log_stats=True,
-                  speculative_config={"model": SMOLLM2, "num_speculative_tokens": args.k,
+                  speculative_config={"model": SMOLLM2,
+                                      "num_speculative_tokens": args.k, "adaptive": False,
                                       "use_heterogeneous_vocab": name == "tli",
                                       "rejection_sample_method": "standard",
                                       "draft_sample_method": "probabilistic"})

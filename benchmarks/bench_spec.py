@@ -62,7 +62,8 @@ def main() -> None:
     plain_rate, plain_out = decode_rate(plain, texts, sp)
     del plain
     spec = LLM(target, **common, speculative_config={"model": SMOLLM2,
-                                                     "num_speculative_tokens": args.k})
+                                                     "num_speculative_tokens": args.k,
+                                                     "adaptive": False})
     spec_rate, spec_out = decode_rate(spec, texts, sp)
     m = {x.name: x for x in spec.get_metrics()}
     drafted = m["tandem:spec_decode_num_draft_tokens"].value

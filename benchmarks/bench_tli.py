@@ -97,7 +97,8 @@ def main() -> None:
             for method in args.methods.split(","):
                 for feedback in args.feedbacks.split(","):
                     llm = LLM(GEMMA3, **common, speculative_config={
-                        "model": SMOLLM2, "num_speculative_tokens": k, "method": "draft_model",
+                        "model": SMOLLM2, "num_speculative_tokens": k, "adaptive": False,
+                        "method": "draft_model",
                         "use_heterogeneous_vocab": True, "draft_sample_method": method,
                         "heterogeneous_vocab_feedback": feedback,
                         # the requests are seeded: "auto" (the default) would verify them all

@@ -12,7 +12,10 @@ from tandem import LLM, SamplingParams
 llm = LLM(model="HuggingFaceTB/SmolLM2-135M-Instruct",
           speculative_config={"model": "HuggingFaceTB/SmolLM2-135M-Instruct",
                               "num_speculative_tokens": 5, "method": "draft_model",
-                              "draft_sample_method": "probabilistic"})
+                              "draft_sample_method": "probabilistic",
+                              # A fixed k, to show the mechanics: adaptive k (the default) would
+                              # rightly stop drafting, as this draft costs about what its target does.
+                              "adaptive": False})
 outputs = llm.generate(["The future of AI is"], SamplingParams(temperature=0.8, top_p=0.95))
 for output in outputs:
     print(f"Prompt: {output.prompt!r}, Generated text: {output.outputs[0].text!r}")

@@ -12,7 +12,10 @@ llm = LLM(model="google/gemma-3-270m",
           speculative_config={"model": "HuggingFaceTB/SmolLM2-135M-Instruct",
                               "num_speculative_tokens": 3, "method": "draft_model",
                               "use_heterogeneous_vocab": True,
-                              "draft_sample_method": "probabilistic"})
+                              "draft_sample_method": "probabilistic",
+                              # A fixed k, to show the mechanics: adaptive k (the default) would
+                              # rightly stop drafting, as this draft costs about what its target does.
+                              "adaptive": False})
 prompts = ["The future of AI is", "The capital of France is", "Once upon a time,"]
 outputs = llm.generate(prompts, SamplingParams(temperature=0.8, top_p=0.95, max_tokens=48))
 for output in outputs:

@@ -213,7 +213,7 @@ def spec(args) -> None:
         result["llama_plain"] = llama_tg(target, args.threads, args.n)[0]
         result["llama_speedup"] = ratio(result["llama_spec"], result["llama_plain"])
     if args.side in ("both", "tandem"):
-        sc = {"model": str(draft), "num_speculative_tokens": args.k}
+        sc = {"model": str(draft), "num_speculative_tokens": args.k, "adaptive": False}
         result["tandem_spec"] = attempt(tandem_one_stream, target, args.threads, sc)
         result["tandem_plain"] = attempt(tandem_one_stream, target, args.threads)
         result["tandem_speedup"] = ratio(result["tandem_spec"], result["tandem_plain"])

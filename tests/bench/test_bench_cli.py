@@ -20,7 +20,7 @@ def bench(*args: str) -> None:
 
 
 def test_latency_and_throughput_write_json(tiny_llama: str, tmp_path: Path) -> None:
-    spec = json.dumps({"model": tiny_llama, "num_speculative_tokens": 2})
+    spec = json.dumps({"model": tiny_llama, "num_speculative_tokens": 2, "adaptive": False})
     bench("latency", "--model", tiny_llama, "--speculative-config", spec, "--num-prompts", "2",
           "--max-tokens", "12", "--output-json", str(tmp_path / "lat.json"))
     lat = json.loads((tmp_path / "lat.json").read_text())

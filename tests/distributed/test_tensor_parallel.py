@@ -82,7 +82,8 @@ def test_tp2_equals_tp1_and_leaves_no_process(tiny_llama, prompts, reference):
 
 @pytest.mark.parametrize("draft,draft_tp", [("same", 2), ("tli", 1)])
 def test_tp2_with_a_draft_equals_tp1(tiny_llama, tli_draft, prompts, reference, draft, draft_tp):
-    spec = {"model": tiny_llama if draft == "same" else tli_draft, "num_speculative_tokens": 3,
+    spec = {"model": tiny_llama if draft == "same" else tli_draft,
+            "num_speculative_tokens": 3, "adaptive": False,
             "draft_sample_method": "probabilistic", "use_heterogeneous_vocab": draft == "tli"}
     alone = LLM(tiny_llama, speculative_config=spec)  # tp=1 with the same draft
     seeded = tokens(alone.generate(prompts[:4], SEEDED, use_tqdm=False))

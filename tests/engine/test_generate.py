@@ -203,7 +203,8 @@ def test_config_errors_name_the_field(tiny_llama, tmp_path):
 
 @pytest.mark.parametrize("speculative", [False, True])
 def test_min_tokens_masks_stop_tokens(tiny_llama, prompts, speculative):
-    spec = {"model": tiny_llama, "num_speculative_tokens": 3} if speculative else None
+    spec = {"model": tiny_llama, "num_speculative_tokens": 3,
+            "adaptive": False} if speculative else None
     llm = LLM(tiny_llama, speculative_config=spec)
     full = llm.generate(prompts[1], GREEDY, use_tqdm=False)[0].outputs[0].token_ids
     stop = full[2]

@@ -80,7 +80,7 @@ def test_prometheus_histogram_is_cumulative_with_inf_sum_and_count() -> None:
 
 def test_engine_reports_vllm_names_beside_ours(tiny_llama: str) -> None:
     llm = LLM(model=tiny_llama, speculative_config={"model": tiny_llama, "method": "draft_model",
-                                                    "num_speculative_tokens": 3})
+                                                    "num_speculative_tokens": 3, "adaptive": False})
     llm.generate(["a b c", "hello there"], SamplingParams(max_tokens=9, temperature=0,
                                                           ignore_eos=True, n=2), use_tqdm=False)
     by_name = {(m.name, tuple(sorted(m.labels.items()))): m for m in llm.get_metrics()}

@@ -106,7 +106,8 @@ def server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
 @pytest.fixture(scope="session")
 def spec_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
                 ) -> Iterator[ServerProcess]:
-    spec = json.dumps({"model": str(tiny_model_dir), "num_speculative_tokens": 3})
+    spec = json.dumps({"model": str(tiny_model_dir), "num_speculative_tokens": 3,
+                       "adaptive": False})
     srv = start_server(str(tiny_model_dir), ["--served-model-name", "tiny-spec", "tiny-alias",
                                              "--speculative-config", spec],
                        tmp_path_factory.mktemp("logs") / "spec_server.log")
@@ -118,7 +119,7 @@ def spec_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
 def rel_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
                ) -> Iterator[ServerProcess]:
     """A draft model, a KV cache that forces preemption under load, and 16 sequences at most."""
-    spec = json.dumps({"model": str(tiny_model_dir), "num_speculative_tokens": 3,
+    spec = json.dumps({"model": str(tiny_model_dir), "num_speculative_tokens": 3, "adaptive": False,
                        "draft_sample_method": "probabilistic"})
     srv = start_server(str(tiny_model_dir), ["--served-model-name", "tiny-rel",
                                              "--speculative-config", spec,
@@ -135,7 +136,8 @@ def tli_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
                ) -> Iterator[ServerProcess]:
     """A draft with another tokenizer (SentencePiece-style) through --speculative-config."""
     draft = build_tli_draft(tiny_model_dir, tmp_path_factory.mktemp("tli-draft"), noise=0.3)
-    spec = json.dumps({"model": str(draft), "num_speculative_tokens": 3, "method": "draft_model",
+    spec = json.dumps({"model": str(draft), "num_speculative_tokens": 3, "adaptive": False,
+                       "method": "draft_model",
                        "use_heterogeneous_vocab": True, "draft_sample_method": "probabilistic"})
     srv = start_server(str(tiny_model_dir), ["--served-model-name", "tiny-tli",
                                              "--speculative-config", spec],

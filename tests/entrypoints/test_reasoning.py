@@ -102,7 +102,7 @@ def qwen3_spec_server(think_model: Path, tmp_path_factory: pytest.TempPathFactor
                       ) -> Iterator[ServerProcess]:
     """qwen3, with the same model as a draft of 3 tokens: the grammar masks of verify steps
     whose drafts cross </think>."""
-    spec = json.dumps({"model": str(think_model), "num_speculative_tokens": 3})
+    spec = json.dumps({"model": str(think_model), "num_speculative_tokens": 3, "adaptive": False})
     srv = start_server(str(think_model), ["--served-model-name", "think-qwen3",
                                              "--reasoning-parser", "qwen3",
                                              "--speculative-config", spec],
@@ -299,7 +299,8 @@ def test_grammar_after_reasoning_with_a_tli_draft(think_model: Path,
     assert set(json.loads(tok.decode(constrained[cut:]))) == {"a", "c"}
     draft = build_tli_draft(think_model, tmp_path_factory.mktemp("think-tli"), noise=0.3)
     tli = LLM(str(think_model), speculative_config={
-        "model": str(draft), "num_speculative_tokens": 3, "method": "draft_model",
+        "model": str(draft), "num_speculative_tokens": 3, "adaptive": False,
+        "method": "draft_model",
         "use_heterogeneous_vocab": True})
     assert run(tli, True) == constrained
     drafted = next(m.value for m in tli.get_metrics()

@@ -187,7 +187,8 @@ def faulty_server(tiny_model_dir: Any) -> Iterator[Any]:
     from tandem.engine.llm_engine import LLMEngine
 
     engine = LLMEngine.from_kwargs(str(tiny_model_dir), speculative_config={
-        "model": str(tiny_model_dir), "num_speculative_tokens": 2}, disable_log_stats=True)
+        "model": str(tiny_model_dir), "num_speculative_tokens": 2,
+        "adaptive": False}, disable_log_stats=True)
     execute = engine.runner.execute
 
     def faulty(sched: Any) -> Any:

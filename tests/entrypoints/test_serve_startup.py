@@ -25,7 +25,7 @@ def _assert_one_line_error(result: subprocess.CompletedProcess, *words: str) -> 
 
 
 def test_unknown_speculative_config_key(tiny_model_dir: Path) -> None:
-    spec = json.dumps({"model": str(tiny_model_dir), "num_speculative_tokens": 3,
+    spec = json.dumps({"model": str(tiny_model_dir), "num_speculative_tokens": 3, "adaptive": False,
                        "not_a_key": 1})
     _assert_one_line_error(_serve(str(tiny_model_dir), "--speculative-config", spec),
                            "not_a_key")

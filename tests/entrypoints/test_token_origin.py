@@ -21,7 +21,7 @@ def random_draft_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathF
                         ) -> Iterator[ServerProcess]:
     """The same tokenizer, a draft with independent random weights."""
     draft = build_tiny_model(tmp_path_factory.mktemp("random-draft"), arch="llama", seed=123)
-    spec = json.dumps({"model": str(draft), "num_speculative_tokens": K})
+    spec = json.dumps({"model": str(draft), "num_speculative_tokens": K, "adaptive": False})
     srv = start_server(str(tiny_model_dir), ["--served-model-name", "tiny-rand",
                                              "--speculative-config", spec],
                        tmp_path_factory.mktemp("logs") / "random_draft.log")

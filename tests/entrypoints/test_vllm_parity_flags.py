@@ -86,7 +86,7 @@ def parity(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
         "served-model-name: [yaml-a, yaml-b]", "max_model_len: 256",
         "uvicorn-log-level: warning", "disable-log-stats: true", "enable-log-requests: true",
         "return-tokens-as-token-ids: true", "enforce-eager: true", "max-logprobs: 3",
-        f"speculative-config: {{model: {tiny_model_dir}, num_speculative_tokens: 2}}", ""]))
+        f"speculative-config: {{model: {tiny_model_dir}, num_speculative_tokens: 2, adaptive: false}}", ""]))
     yaml_cmd = serve_command("--config", str(config), "--max-logprobs", "4")  # the CLI wins
     procs = []
     for name, cmd in (("flags", flags_cmd), ("yaml", yaml_cmd)):

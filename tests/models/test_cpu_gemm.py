@@ -146,7 +146,8 @@ def test_mode_c_forces_the_kernel_and_stays_lossless(tiny_dirs, prompts, native_
     assert matmul_choice.kernel_for(torch.randn(4, w.shape[1]), w, None) is matmul_choice._c
     out = plain.generate(prompts, greedy, use_tqdm=False)
     spec = LLM(tiny_dirs["llama"], speculative_config={
-        "model": tiny_dirs["llama_other"], "num_speculative_tokens": 3}).generate(
+        "model": tiny_dirs["llama_other"], "num_speculative_tokens": 3,
+        "adaptive": False}).generate(
         prompts, greedy, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in spec] == [o.outputs[0].token_ids for o in out]
 

@@ -113,8 +113,8 @@ def test_greedy_and_speculative_match_transformers(dense_dirs, tli_draft, prompt
         assert len(skips) == 1
         assert "skipped 34 vision tower and projector tensors" in skips[0].getMessage()
     assert plain[0] == hf_greedy(d, tok.encode(batch[0]), GREEDY.max_tokens)
-    for spec in ({"model": d, "num_speculative_tokens": 3},
-                 {"model": tli_draft, "num_speculative_tokens": 2,
+    for spec in ({"model": d, "num_speculative_tokens": 3, "adaptive": False},
+                 {"model": tli_draft, "num_speculative_tokens": 2, "adaptive": False,
                   "use_heterogeneous_vocab": True}):
         llm = LLM(d, speculative_config={**spec, "method": "draft_model"})
         got = [o.outputs[0].token_ids for o in llm.generate(batch, GREEDY, use_tqdm=False)]

@@ -56,7 +56,7 @@ def test_speculation_with_the_fused_stack_stays_lossless(tiny_dirs, prompts, nat
     monkeypatch.setenv("TANDEM_CPU_MATMUL", "c")
     plain = _run(tiny_dirs["llama"], prompts)
     spec = _run(tiny_dirs["llama"], prompts, speculative_config={
-        "model": tiny_dirs["llama_other"], "num_speculative_tokens": 3})
+        "model": tiny_dirs["llama_other"], "num_speculative_tokens": 3, "adaptive": False})
     assert [p[0] for p in spec] == [p[0] for p in plain]
     assert calls["fused"] > 0
 

@@ -42,7 +42,7 @@ def test_speculation_on_quantized_weights_equals_plain(tiny_dirs, prompts, nativ
     plain = _tokens(plain_llm, prompts)
     for draft in (tiny_dirs["llama"], tiny_dirs["llama_other"]):  # agreeing, and not at all
         spec = LLM(tiny_dirs["llama"], quantization=mode, speculative_config={
-            "model": draft, "num_speculative_tokens": 3, "quantization": mode})
+            "model": draft, "num_speculative_tokens": 3, "adaptive": False, "quantization": mode})
         draft_layers = [m for m in spec.llm_engine.draft_model.modules() if is_quantized(m)]
         assert draft_layers  # the draft is quantized too
         assert _tokens(spec, prompts) == plain
@@ -63,7 +63,8 @@ def test_q4_k_speculation_and_the_fused_stack(wide_llama, prompts, native_librar
     fused = _tokens(llm, prompts)
     assert calls["fused"] > 0  # decode steps ran the whole quantized stack in one call
     spec = LLM(wide_llama, quantization="q4_k", speculative_config={
-        "model": wide_llama, "num_speculative_tokens": 4, "quantization": "q4_k"})
+        "model": wide_llama, "num_speculative_tokens": 4, "adaptive": False,
+        "quantization": "q4_k"})
     assert _tokens(spec, prompts) == fused
     monkeypatch.setattr(llama, "fused_stack", lambda model, x, rope: None)
     assert _tokens(LLM(wide_llama, quantization="q4_k"), prompts) == fused  # layer by layer
@@ -73,7 +74,8 @@ def test_a_tli_draft_on_quantized_weights_stays_lossless(tiny_dirs, tli_draft, p
                                                          native_library):
     plain = _tokens(LLM(tiny_dirs["llama"], quantization="q8_0"), prompts)
     spec = LLM(tiny_dirs["llama"], quantization="q8_0", speculative_config={
-        "model": tli_draft, "num_speculative_tokens": 3, "use_heterogeneous_vocab": True,
+        "model": tli_draft, "num_speculative_tokens": 3, "adaptive": False,
+        "use_heterogeneous_vocab": True,
         "quantization": "q4_0"})
     assert spec.llm_engine.proposer.inputs.mapping is not None
     assert _tokens(spec, prompts) == plain
@@ -125,7 +127,8 @@ def test_a_gguf_file_keeps_its_blocks_by_default(wide_llama, tiny_gguf, native_l
     ids = [[1, 5, 9, 14, 3, 7, 11]]
     native = llm.generate(ids, GREEDY, use_tqdm=False)[0].outputs[0].token_ids
     spec = LLM(str(tiny_gguf), tokenizer=wide_llama, speculative_config={
-        "model": wide_llama, "num_speculative_tokens": 3, "quantization": "q8_0"})
+        "model": wide_llama, "num_speculative_tokens": 3, "adaptive": False,
+        "quantization": "q8_0"})
     assert spec.generate(ids, GREEDY, use_tqdm=False)[0].outputs[0].token_ids == native
     floats = LLM(str(tiny_gguf), tokenizer=wide_llama, quantization="none")
     assert _quantized_layers(floats) == 0

@@ -156,7 +156,8 @@ def test_logits_and_routing_match_transformers_at_batch_1_and_in_a_verify_batch(
 def test_speculative_greedy_equals_plain(moe_dir, tiny_dirs, tli_draft, plain, prompts, draft):
     """A same-vocabulary dense Qwen3 draft, and a Llama draft with another tokenizer (TLI)."""
     spec = {"model": tiny_dirs["qwen3"] if draft == "qwen3" else tli_draft,
-            "num_speculative_tokens": 3, "use_heterogeneous_vocab": draft == "tli"}
+            "num_speculative_tokens": 3, "adaptive": False,
+            "use_heterogeneous_vocab": draft == "tli"}
     llm = LLM(moe_dir, speculative_config=spec)
     assert _tokens(llm, prompts) == plain
     m = {x.name: x.value for x in llm.get_metrics() if hasattr(x, "value")}
@@ -173,7 +174,7 @@ def test_q8_0_experts_speculation_equals_plain(moe_dir, tiny_dirs, prompts, nati
     assert all(r.weight.dtype == torch.float32 for r in routers)  # the router stays float
     want = _tokens(plain_llm, prompts)
     spec = LLM(moe_dir, quantization="q8_0", speculative_config={
-        "model": tiny_dirs["qwen3"], "num_speculative_tokens": 3})
+        "model": tiny_dirs["qwen3"], "num_speculative_tokens": 3, "adaptive": False})
     assert _tokens(spec, prompts) == want
 
 

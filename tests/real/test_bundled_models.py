@@ -212,7 +212,8 @@ def spec_run(smollm2: LLM) -> Iterator[dict[str, Any]]:
     """The same prompts, plain and with SmolLM2 drafting for itself (k=3): completions and chats, greedy,
     32 tokens (stopping at EOS, so stops inside accepted runs are exercised too)."""
     llm = LLM(model=SMOLLM2, quantization="none",
-              speculative_config={"model": SMOLLM2, "num_speculative_tokens": SPEC_K,
+              speculative_config={"model": SMOLLM2,
+                                  "num_speculative_tokens": SPEC_K, "adaptive": False,
                                   "quantization": "none"})
     texts = spec_prompts()
     chats = [[{"role": "user", "content": t}] for t in texts]

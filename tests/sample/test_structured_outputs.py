@@ -197,7 +197,7 @@ def _spec_metric(llm: LLM, name: str) -> float:
 def test_greedy_structured_output_is_identical_with_a_draft(tiny_dirs, tli_draft,
                                                             greedy_reference, draft, method):
     config = {"model": tiny_dirs["llama_other"] if draft == "same_vocab" else tli_draft,
-              "num_speculative_tokens": 3, "method": "draft_model",
+              "num_speculative_tokens": 3, "adaptive": False, "method": "draft_model",
               "draft_sample_method": method}
     if draft == "tli":
         config["use_heterogeneous_vocab"] = True
@@ -214,7 +214,7 @@ def test_greedy_equality_fails_when_verified_rows_are_not_masked(tiny_dirs, gree
     break) the output, so the equality above has teeth."""
     monkeypatch.setattr(GrammarMatcher, "masks", _target_masked_on_row_0_only)
     llm = LLM(tiny_dirs["llama"], speculative_config={
-        "model": tiny_dirs["llama_other"], "num_speculative_tokens": 3})
+        "model": tiny_dirs["llama_other"], "num_speculative_tokens": 3, "adaptive": False})
     try:
         assert _greedy_tokens(llm) != greedy_reference
     except RuntimeError as e:  # a verified token the grammar refuses fails its request
@@ -295,7 +295,8 @@ def _sample(pair: Pair, requests: int = REQUESTS, draft: str = "", tli: bool = F
     """Token paths (a final EOS dropped) of seeded speculative samples, and the acceptance rate.
     A request that failed (a token the grammar refuses) gives no samples."""
     llm = LLM(pair.target, seed=1234, speculative_config={
-        "model": draft or pair.draft, "num_speculative_tokens": 3, "method": "draft_model",
+        "model": draft or pair.draft, "num_speculative_tokens": 3, "adaptive": False,
+        "method": "draft_model",
         "draft_sample_method": "probabilistic", "use_heterogeneous_vocab": tli,
         # the planted q errors below need q to matter: Leviathan et al.'s verification
         "rejection_sample_method": "standard"})

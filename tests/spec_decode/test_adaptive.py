@@ -230,7 +230,8 @@ def test_set_policy_switches_drafting_on_one_engine_and_stays_lossless(tiny_dirs
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
     plain = [o.outputs[0].token_ids for o in
              LLM(model=target).generate(prompts[:2], params, use_tqdm=False)]
-    llm = LLM(model=target, speculative_config={"model": target, "num_speculative_tokens": 3})
+    llm = LLM(model=target, speculative_config={"model": target, "num_speculative_tokens": 3,
+                                                "adaptive": False})
     engine = llm.llm_engine
     passes = []
     forward = engine.proposer.forward
@@ -242,7 +243,8 @@ def test_set_policy_switches_drafting_on_one_engine_and_stays_lossless(tiny_dirs
         out = llm.generate(prompts[:2], params, use_tqdm=False)
         assert [o.outputs[0].token_ids for o in out] == plain, (k, adaptive)
         drafted = engine.spec_metrics.num_drafts - drafts0
-        assert (not passes and drafted == 0) if k == 0 else (passes and drafted > 0)
+        if not adaptive:  # adaptive may rightly draft nothing: a self-draft costs its target
+            assert (not passes and drafted == 0) if k == 0 else (passes and drafted > 0)
         assert (engine.drafting.adaptive is not None) == adaptive
     for bad in (-1, 4, 1.5, True):
         with pytest.raises(ValueError, match=r"k must be an integer from 0 to "

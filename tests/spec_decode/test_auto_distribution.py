@@ -24,7 +24,8 @@ PER_KIND = 6_000  # the planted bugs are gross; both kinds pass with p well abov
 def _sample(pair, monkeypatch=None) -> tuple[np.ndarray, np.ndarray, float]:  # noqa: F811
     """(seeded samples, unseeded samples, acceptance); counts the verify steps that split."""
     llm = LLM(pair[0], seed=1234, speculative_config={"model": pair[1],
-                                                      "num_speculative_tokens": 2})
+                                                      "num_speculative_tokens": 2,
+                                                      "adaptive": False})
     assert llm.llm_engine.config.speculative_config.rejection_sample_method == "auto"
     split = []
     rows_of = gumbel_verifier._rows_of

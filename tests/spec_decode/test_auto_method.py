@@ -27,7 +27,8 @@ def _engine(target: str, draft: str | None = None, k: int = 3, **extra) -> LLM: 
     """Engine seed 3 (unseeded requests draw their seeds from it, in admission order)."""
     if draft is None:
         return LLM(target, seed=3)
-    return LLM(target, seed=3, speculative_config={"model": draft, "num_speculative_tokens": k,
+    return LLM(target, seed=3, speculative_config={"model": draft,
+                                                   "num_speculative_tokens": k, "adaptive": False,
                                                    **extra})
 
 

@@ -31,7 +31,8 @@ def _spec(target: str, draft: str, k: int, max_model_len: int | None = None,
     engine = {key: v for key, v in (("max_model_len", max_model_len),
                                     ("kv_cache_memory_bytes", kv_cache_memory_bytes)) if v}
     return LLM(target, seed=3, **engine, speculative_config={
-        "model": draft, "num_speculative_tokens": k, "rejection_sample_method": "gumbel",
+        "model": draft, "num_speculative_tokens": k, "adaptive": False,
+        "rejection_sample_method": "gumbel",
         **extra})
 
 
@@ -125,7 +126,8 @@ def test_two_fresh_engines_give_seeded_requests_the_same_tokens(tiny_llama, draf
     """The default configuration (no keys but model, k; "auto" methods, no adaptive):
     the same seeded tokens twice."""
     def run() -> list[list[int]]:
-        llm = LLM(tiny_llama, speculative_config={"model": draft, "num_speculative_tokens": 3})
+        llm = LLM(tiny_llama, speculative_config={"model": draft, "num_speculative_tokens": 3,
+                                                  "adaptive": False})
         return _tokens(llm, prompts[:3], PARAMS[0])
     assert run() == run()
 

@@ -62,7 +62,8 @@ def test_planted_exponential_noise_is_detected(monkeypatch):
 
 def _speculative(pair) -> tuple[np.ndarray, float]:  # noqa: F811
     llm = LLM(pair[0], seed=1234, speculative_config={
-        "model": pair[1], "num_speculative_tokens": 2, "rejection_sample_method": "gumbel"})
+        "model": pair[1], "num_speculative_tokens": 2, "adaptive": False,
+        "rejection_sample_method": "gumbel"})
     outs = llm.generate([PROMPT] * 2, SamplingParams(n=NUM_SEQUENCES // 2,
                                                      temperature=TEMPERATURE, top_p=TOP_P,
                                                      max_tokens=3, ignore_eos=True),

@@ -63,7 +63,8 @@ def exact(pair) -> np.ndarray:
 def _sample(pair, method: str, adaptive: bool = False,
             quantization: str | None = None) -> tuple[np.ndarray, float]:
     llm = LLM(pair[0], seed=1234, quantization=quantization, speculative_config={
-        "model": pair[1], "num_speculative_tokens": 2, "draft_sample_method": method,
+        "model": pair[1], "num_speculative_tokens": 2, "adaptive": False,
+        "draft_sample_method": method,
         "adaptive": adaptive, "quantization": quantization,
         "rejection_sample_method": "standard"})  # gumbel: test_gumbel_distribution.py
     # Two requests of n = NUM_SAMPLES / 2 (n is capped at 16384, as in vLLM).

@@ -33,7 +33,8 @@ def reference(plain, prompts) -> list[list[int]]:
                                             ("llama_other", 1, "probabilistic")])
 def test_greedy_output_equals_plain_decoding(tiny_dirs, prompts, reference, draft, k, method):
     llm = LLM(tiny_dirs["llama"], speculative_config={
-        "model": tiny_dirs[draft], "num_speculative_tokens": k, "draft_sample_method": method})
+        "model": tiny_dirs[draft], "num_speculative_tokens": k, "adaptive": False,
+        "draft_sample_method": method})
     assert tokens(llm.generate(prompts, GREEDY, use_tqdm=False)) == reference
     m = metrics(llm)
     assert m["tandem:spec_decode_num_draft_tokens"] > 0  # it really speculated
@@ -47,7 +48,8 @@ def test_greedy_output_equals_plain_decoding(tiny_dirs, prompts, reference, draf
 def test_self_draft_acceptance_length_is_k_plus_one(tiny_dirs, prompts):
     k = 4
     llm = LLM(tiny_dirs["llama"], speculative_config={"model": tiny_dirs["llama"],
-                                                      "num_speculative_tokens": k})
+                                                      "num_speculative_tokens": k,
+                                                      "adaptive": False})
     outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=81, ignore_eos=True),
                         use_tqdm=False)
     m = metrics(llm)
@@ -64,6 +66,7 @@ def test_self_draft_acceptance_length_is_k_plus_one(tiny_dirs, prompts):
 def spec(tiny_dirs) -> LLM:
     return LLM(tiny_dirs["llama"], speculative_config={"model": tiny_dirs["llama_other"],
                                                        "num_speculative_tokens": 3,
+                                                       "adaptive": False,
                                                        "draft_sample_method": "probabilistic"})
 
 
@@ -71,7 +74,8 @@ def spec(tiny_dirs) -> LLM:
 def self_spec(tiny_dirs) -> LLM:
     """Every draft accepted: several tokens land per step, the case where overshoot could occur."""
     return LLM(tiny_dirs["llama"], speculative_config={"model": tiny_dirs["llama"],
-                                                       "num_speculative_tokens": 5})
+                                                       "num_speculative_tokens": 5,
+                                                       "adaptive": False})
 
 
 @pytest.mark.parametrize("max_tokens", [1, 2, 3, 5, 7, 11])
@@ -123,7 +127,8 @@ def test_seeded_sampling_reproduces_and_n_works(spec, prompts):
 
 def test_preemption_and_prefix_cache_keep_output(tiny_dirs, prompts, reference):
     llm = LLM(tiny_dirs["llama"], max_model_len=256, kv_cache_memory_bytes=48 * 8192,
-              speculative_config={"model": tiny_dirs["llama"], "num_speculative_tokens": 3})
+              speculative_config={"model": tiny_dirs["llama"], "num_speculative_tokens": 3,
+                                  "adaptive": False})
     assert tokens(llm.generate(prompts, GREEDY, use_tqdm=False)) == reference
     assert tokens(llm.generate(prompts, GREEDY, use_tqdm=False)) == reference
     m = metrics(llm)
@@ -137,7 +142,8 @@ def test_greedy_beside_sampled_requests_with_fewer_drafts(tiny_dirs, prompts):
     fewer tokens than a greedy one, so the draft's later steps see greedy rows only (no q). The
     greedy request must still verify (it once failed: draft_probs had fewer rows than drafts)."""
     target = tiny_dirs["llama"]
-    llm = LLM(model=target, speculative_config={"model": target, "num_speculative_tokens": 3,
+    llm = LLM(model=target, speculative_config={"model": target,
+                                                "num_speculative_tokens": 3, "adaptive": False,
                                                 "draft_sample_method": "probabilistic",
                                                 "rejection_sample_method": "standard"})
     greedy = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)

@@ -11,7 +11,8 @@ from tandem.sample.synthetic_sampler import conditional_rates, rates_for_length
 
 
 def _spec(draft: str, **extra) -> dict:
-    return {"model": draft, "num_speculative_tokens": 3, "rejection_sample_method": "synthetic",
+    return {"model": draft, "num_speculative_tokens": 3, "adaptive": False,
+            "rejection_sample_method": "synthetic",
             **extra}
 
 
@@ -65,7 +66,8 @@ def test_rate_arithmetic():
 def test_config_errors_name_the_key(tiny_llama, extra, message):
     with pytest.raises(ValueError, match=message):
         LLM(model=tiny_llama, speculative_config={"model": tiny_llama,
-                                                  "num_speculative_tokens": 3, **extra})
+                                                  "num_speculative_tokens": 3, "adaptive": False,
+                                                  **extra})
 
 
 def test_serve_refuses_synthetic_unless_asked(tiny_llama):

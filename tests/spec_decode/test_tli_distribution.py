@@ -77,7 +77,8 @@ def exact(pair, prompt) -> dict[tuple[int, int, int], float]:
 
 def _sample(pair, prompt, method: str) -> tuple[np.ndarray, float]:
     llm = LLM(pair[0], seed=1234, speculative_config={
-        "model": pair[1], "num_speculative_tokens": 2, "use_heterogeneous_vocab": True,
+        "model": pair[1], "num_speculative_tokens": 2, "adaptive": False,
+        "use_heterogeneous_vocab": True,
         "draft_sample_method": method, "rejection_sample_method": "standard"})
     out = llm.generate([prompt], SamplingParams(n=NUM_SAMPLES, temperature=TEMPERATURE,
                                                 top_k=TOP_K, top_p=TOP_P, max_tokens=4,
@@ -102,7 +103,8 @@ def _pvalue(samples: np.ndarray, exact: dict) -> float:
 
 def test_the_draft_puts_mass_outside_the_intersection(pair, prompt):
     """Otherwise the renormalisation over the intersection would go untested."""
-    llm = LLM(pair[0], speculative_config={"model": pair[1], "num_speculative_tokens": 2,
+    llm = LLM(pair[0], speculative_config={"model": pair[1],
+                                           "num_speculative_tokens": 2, "adaptive": False,
                                            "use_heterogeneous_vocab": True})
     inputs: TLIDraft = llm.llm_engine.proposer.inputs
     draft = AutoModelForCausalLM.from_pretrained(pair[1], dtype=torch.float32).eval()

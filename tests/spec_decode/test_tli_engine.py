@@ -33,7 +33,7 @@ def metrics(llm: LLM) -> dict:
 def tli(target: str, draft: str, k: int = 3, method: str = "greedy", feedback: str = "reencode",
         **kwargs) -> LLM:
     return LLM(target, speculative_config={
-        "model": draft, "num_speculative_tokens": k, "method": "draft_model",
+        "model": draft, "num_speculative_tokens": k, "adaptive": False, "method": "draft_model",
         "use_heterogeneous_vocab": True, "draft_sample_method": method,
         "heterogeneous_vocab_feedback": feedback}, **kwargs)
 
@@ -184,7 +184,8 @@ def test_drafting_stops_at_the_drafts_max_model_len(tiny_llama, tli_draft, plain
     """speculative max_model_len bounds the draft's own positions; past it the target decodes
     alone, with the same output."""
     llm = LLM(tiny_llama, speculative_config={
-        "model": tli_draft, "num_speculative_tokens": 3, "use_heterogeneous_vocab": True,
+        "model": tli_draft, "num_speculative_tokens": 3, "adaptive": False,
+        "use_heterogeneous_vocab": True,
         "max_model_len": 24})
     out = llm.generate(batch[0], GREEDY, use_tqdm=False)[0]
     assert out.outputs[0].token_ids == reference_for(plain, batch[0])

@@ -54,7 +54,7 @@ def web_servers(browser: Any, tmp_path_factory: pytest.TempPathFactory) -> Itera
     target = build_tiny_model(root / "llama", "llama")
     draft = build_tiny_model(root / "llama_other", "llama", seed=123)
     logs = tmp_path_factory.mktemp("web-logs")
-    spec = json.dumps({"model": str(draft), "num_speculative_tokens": 3,
+    spec = json.dumps({"model": str(draft), "num_speculative_tokens": 3, "adaptive": False,
                        "draft_sample_method": "probabilistic"})
     # max_position_embeddings of the tiny models is 512: room for a long stream to stop.
     common = ["--max-model-len", "512"]
