@@ -82,3 +82,22 @@ def test_calibration_fits_a_short_max_model_len(tiny_dirs):
     assert engine.num_free_kv_blocks() == engine.num_blocks
     calibrate(engine)  # again, on a used engine: still no trace
     assert engine.num_free_kv_blocks() == engine.num_blocks and not engine.parents
+
+
+def test_under_the_defaults_seeded_requests_repeat_whatever_k_timing_picks(tiny_dirs, prompts):
+    """The default configuration (adaptive k, rejection method "auto"): two fresh engines give a
+    seeded request the same tokens, even when one engine's k is drawn at random every step (as
+    a different clock could make adaptive choose)."""
+    config = {"model": tiny_dirs["llama_other"], "num_speculative_tokens": 3}
+    params = [SamplingParams(temperature=t, top_p=0.95, seed=11 + i, max_tokens=16,
+                             ignore_eos=True) for i, t in enumerate((0.8, 1.0, 1.0))]
+    first = LLM(tiny_dirs["llama"], speculative_config=config)
+    spec = first.llm_engine.config.speculative_config
+    assert spec.adaptive is True and spec.rejection_sample_method == "auto"
+    second = LLM(tiny_dirs["llama"], speculative_config=config)
+    rng = random.Random(5)
+    second.llm_engine.drafting.adaptive.choose = lambda batch_size: rng.randint(0, 3)
+    runs = [[o.outputs[0].token_ids for o in llm.generate(prompts[:3], params, use_tqdm=False)]
+            for llm in (first, second)]
+    assert runs[0] == runs[1]
+    assert second.llm_engine.spec_metrics.num_drafts > 0  # the random ks did draft
