@@ -217,3 +217,20 @@ def llama_stack(x: torch.Tensor, dims: torch.Tensor, table: torch.Tensor,
         kv_slots.data_ptr(), requests.shape[0], kv_slots.shape[1], scale,
         torch.get_num_threads())
     return out if rc == 0 else None
+
+
+def gumbel_argmax(scores: torch.Tensor, keys: torch.Tensor,
+                  token_ids: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """sample/gumbel.py's gumbel_argmax by cpu_gumbel.c: scores [B, V] float32, keys [B] int64,
+    token_ids [V] int64 or None -> [B] int64; None where the library is off or the layout is
+    not one it reads."""
+    lib = _state["lib"]
+    if (lib is None or scores.dim() != 2 or not _ok(scores) or keys.dtype is not torch.int64
+            or not keys.is_contiguous() or (token_ids is not None and (
+                token_ids.dtype is not torch.int64 or not token_ids.is_contiguous()))):
+        return None
+    out = torch.empty(scores.shape[0], dtype=torch.int64)
+    lib.tandem_gumbel_argmax(scores.data_ptr(), scores.shape[0], scores.shape[1],
+                             keys.data_ptr(), _ptr(token_ids), out.data_ptr(),
+                             torch.get_num_threads())
+    return out

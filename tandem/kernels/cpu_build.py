@@ -1,5 +1,5 @@
 """Compiling and loading the CPU kernels (cpu_kernels.c, cpu_gemm.c, cpu_decoder.c, cpu_quant.c,
-cpu_quant_direct.c, cpu_quant_half.c, cpu_quantize.c) here.
+cpu_quant_direct.c, cpu_quant_half.c, cpu_quantize.c, cpu_gumbel.c) here.
 
 `TANDEM_CPU_KERNELS` chooses: `auto` (the default) compiles them with the system C compiler for
 this CPU (`-march=native`) the first time and falls back to torch ops, with one log line saying
@@ -50,7 +50,8 @@ SOURCES = {HERE / "cpu_kernels.c": ["-ffp-contract=off"],
            HERE / "cpu_quant.c": ["-ffp-contract=off"],
            HERE / "cpu_quant_direct.c": ["-ffp-contract=off"],
            HERE / "cpu_quant_half.c": ["-ffp-contract=off"],
-           HERE / "cpu_quantize.c": ["-ffp-contract=off"]}
+           HERE / "cpu_quantize.c": ["-ffp-contract=off"],
+           HERE / "cpu_gumbel.c": ["-ffp-contract=off"]}
 FLAGS = ["-O3", "-fPIC", "-std=gnu11", "-Wno-psabi"]
 
 _P, _I, _F, _INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
@@ -67,6 +68,7 @@ SIGNATURES = {  # name -> (argtypes, restype)
     "tandem_qlinear": ([_P, _P, _P, _P, _I, _I, _I, _INT], _INT),
     "tandem_q_rows": ([_INT, _P, _I, _P, _I, _I, _P], _INT),
     "tandem_quantize": ([_P, _I, _I, _INT, _P, _INT], _INT),
+    "tandem_gumbel_argmax": ([_P, _I, _I, _P, _P, _P, _INT], None),
     "tandem_llama_stack": ([_P, _P, _I, _P, _I, _P, _P, _F, _F, _INT, _P, _P, _P, _P, _P, _I, _I,
                             _F, _INT], _INT),
 }

@@ -42,4 +42,8 @@ int tandem_q_rows(int type, const uint8_t *data, int64_t row_bytes, const int64_
 /* cpu_quantize.c */
 int tandem_quantize(const float *x, int64_t rows, int64_t k, int type, uint8_t *out, int threads);
 
+/* cpu_gumbel.c */
+void tandem_gumbel_argmax(const float *scores, int64_t rows, int64_t vocab, const int64_t *keys,
+                          const int64_t *ids, int64_t *out, int threads);
+
 #endif

@@ -23,6 +23,7 @@ from typing import Optional
 
 import torch
 
+from tandem.kernels import cpu as cpu_kernels
 from tandem.sample.metadata import SamplingMetadata
 
 _M32 = 0xFFFFFFFF
@@ -83,6 +84,16 @@ def gumbel_argmax(scores: torch.Tensor, keys: torch.Tensor,
     num_rows, vocab = scores.shape
     if num_rows == 0:
         return torch.empty(0, dtype=torch.int64, device=scores.device)
+    fast = cpu_kernels.gumbel_argmax(scores, keys, token_ids)  # the same choice, ~10x cheaper
+    if fast is not None:
+        return fast
+    return gumbel_argmax_torch(scores, keys, token_ids)
+
+
+def gumbel_argmax_torch(scores: torch.Tensor, keys: torch.Tensor,
+                        token_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """gumbel_argmax in torch ops (without the C kernels, and the reference in tests)."""
+    num_rows, vocab = scores.shape
     top, top_col = scores.max(dim=-1)                                        # [B] each
     cols_key = top_col if token_ids is None else token_ids[top_col]
     g_top = noise(keys, cols_key)                                            # [B]

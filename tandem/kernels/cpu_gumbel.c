@@ -1,0 +1,86 @@
+/* Gumbel-max sampling over a vocabulary (tandem/sample/gumbel.py's gumbel_argmax, the same noise
+ * and the same choice): out[r] = argmax_v (scores[r, v] + g(keys[r], ids[v])), ties to the lower
+ * column, g = -log(-log(u)) with u = (h + 1/2) / 2^32 and h = lowbias32(lowbias32(id ^ lo) ^ hi).
+ *
+ * Why in C: the torch version hashes every token within G_MAX (~22.9 nats) of the top one, which
+ * at temperature 1 is most of a 49k vocabulary: ~1.3 ms a row. Here a column is skipped without
+ * its logarithms when its hash alone shows it cannot win: g rises with h, so g(h) > m needs
+ * h >= H_MIN(m), and a table of H_MIN at margins rounded down to 1/8 nat (with a safety of 64
+ * hashes, far above the rounding of the two logarithms) rejects almost every column with a
+ * multiply-xor hash and one compare. Only a handful per row get the exact double-precision noise
+ * and compete. Exactness: a column is skipped only if its value is strictly below the running
+ * best, so the winner is the one the full computation would pick. The logarithms are libm's
+ * (torch's may differ in the last bit): a choice could differ only where two columns' values
+ * agree to ~1e-16, which no float32 scores meet.
+ */
+#include <math.h>
+#include <stdint.h>
+
+#include "kernels.h"
+
+#define STEPS_PER_NAT 8
+#define M_LO (-4.0)   /* below G_MIN (-3.13): every hash may win */
+#define M_HI 23.0     /* above G_MAX (22.87): no hash can win */
+#define TABLE ((int)((M_HI - M_LO) * STEPS_PER_NAT) + 1)
+
+static uint32_t H_MIN[TABLE];  /* h < H_MIN[b] => g(h) < M_LO + b / STEPS_PER_NAT */
+
+static inline uint32_t h32(uint32_t x) {
+    x ^= x >> 16;
+    x *= 0x7FEB352DU;
+    x ^= x >> 15;
+    x *= 0x846CA68BU;
+    return x ^ (x >> 16);
+}
+
+static inline uint32_t hash(uint64_t key, int64_t id) {
+    return h32(h32((uint32_t)id ^ (uint32_t)key) ^ (uint32_t)(key >> 32));
+}
+
+static inline double gumbel(uint32_t h) {
+    double u = ((double)h + 0.5) * (1.0 / 4294967296.0);
+    return -log(-log(u));
+}
+
+static void init_table(void) {
+    static int done;
+    if (__atomic_load_n(&done, __ATOMIC_ACQUIRE))
+        return;
+    for (int b = 0; b < TABLE; b++) {
+        double m = M_LO + (double)b / STEPS_PER_NAT;
+        double h = 4294967296.0 * exp(-exp(-m)) - 0.5 - 64.0;  /* g(h) = m, less a safety */
+        H_MIN[b] = h <= 0 ? 0 : h >= 4294967295.0 ? 0xFFFFFFFFU : (uint32_t)h;
+    }
+    __atomic_store_n(&done, 1, __ATOMIC_RELEASE);  /* idempotent: racing callers agree */
+}
+
+static int64_t row_argmax(const float *s, int64_t vocab, uint64_t key, const int64_t *ids) {
+    int64_t top = 0;
+    for (int64_t v = 1; v < vocab; v++)
+        if (s[v] > s[top]) top = v;
+    int64_t best_col = top;
+    double best = (double)s[top] + gumbel(hash(key, ids ? ids[top] : top));
+    for (int64_t v = 0; v < vocab; v++) {
+        double m = best - (double)s[v];  /* the noise v needs to reach the best */
+        if (!(m < M_HI) || v == top)
+            continue;                     /* -inf scores too */
+        uint32_t h = hash(key, ids ? ids[v] : v);
+        if (m > M_LO && h < H_MIN[(int)((m - M_LO) * STEPS_PER_NAT)])
+            continue;                     /* g(h) < the margin rounded down <= m */
+        double value = (double)s[v] + gumbel(h);
+        if (value > best || (value == best && v < best_col))
+            best = value, best_col = v;
+    }
+    return best_col;
+}
+
+/* scores [rows, vocab] float32 (-inf where forbidden, one finite per row at least); keys [rows]
+ * int64 (64-bit noise keys); ids [vocab] int64 or NULL (column v reads the noise of token ids[v]:
+ * a TLI draft's target twins); out [rows] int64. */
+void tandem_gumbel_argmax(const float *scores, int64_t rows, int64_t vocab, const int64_t *keys,
+                          const int64_t *ids, int64_t *out, int threads) {
+    init_table();
+#pragma omp parallel for num_threads(threads) if (rows > 1 && threads > 1) schedule(static)
+    for (int64_t r = 0; r < rows; r++)
+        out[r] = row_argmax(scores + r * vocab, vocab, (uint64_t)keys[r], ids);
+}
