@@ -22,13 +22,11 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING
+from typing import Any, Optional, Protocol, Union
 
+from tandem.engine.drafting import Drafting
 from tandem.sampling_params import SamplingParams
 from tandem.spec_decode.adaptive import AdaptiveK
-
-if TYPE_CHECKING:
-    from tandem.engine.llm_engine import LLMEngine
 
 logger = logging.getLogger("tandem")
 
@@ -40,7 +38,21 @@ _CYCLES = 2           # timed cycles of k = K..0 after the warm-up cycle
 _REQUEST_ID = "tandem-calibration"
 
 
-def calibrate(engine: LLMEngine) -> None:
+class Engine(Protocol):
+    """What calibration uses of an LLMEngine (which calls it, so it is named by its shape)."""
+    drafting: Optional[Drafting]
+    tokenizer: Any
+    model_config: Any
+
+    def add_request(self, request_id: str, prompt: Union[str, list[int]],
+                    params: Optional[SamplingParams] = None) -> None: ...
+    def has_unfinished_requests(self) -> bool: ...
+    def step(self) -> list[Any]: ...
+    def abort_request(self, request_id: str) -> None: ...
+    def reset_stats(self) -> None: ...
+
+
+def calibrate(engine: Engine) -> None:
     drafting = engine.drafting
     assert drafting is not None and drafting.adaptive is not None
     k_max = drafting.k_max
