@@ -8,7 +8,8 @@ the expected tokens per verify step and c the draft/target cost ratio (their pla
 per token, measured here). `--adaptive` adds a run with adaptive speculation (k chosen per step,
 up to the largest k) twice: "fresh", a controller that starts every run from the engine's
 load-time calibration (what a fresh engine meets: each run is a few short requests), and "warm",
-one controller kept across the rounds (a long-running server). The plot: acceptance by position, and measured vs predicted speedup vs k.
+one controller kept across the rounds (a long-running server). The plot: acceptance by position,
+and measured vs predicted speedup vs k.
 
 Every policy (plain decoding, each k, adaptive) runs on one engine, switched between runs
 (`Drafting.set_policy`; plain is drafting off). Run as separate engines, the same configuration

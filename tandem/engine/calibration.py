@@ -13,9 +13,10 @@ How. One greedy request on `SAMPLE_TEXT` runs through the ordinary step loop wit
 step (`Drafting.forced`): one cycle K..0 to warm up (the first pass of each size also picks its
 matmul kernels, which a first user request would otherwise pay for), then `_CYCLES` cycles timed
 into a fresh controller, which keeps the warm-up's acceptance too (more evidence: a useless
-draft's first position then has 9 misses for K = 3, and a Thompson draw seldom tries it again). Then the request is aborted and every counter /metrics reports is
-zeroed. The request is greedy and seeded, so it draws nothing from the engine's random stream:
-what the engine does after calibration is what it did before, but for the choice of k.
+draft's first position then has 9 misses for K = 3, and a Thompson draw seldom tries it again).
+Then the request is aborted and every counter /metrics reports is zeroed. The request is greedy
+and seeded, so it draws nothing from the engine's random stream: what the engine does after
+calibration is what it did before, but for the choice of k.
 """
 
 from __future__ import annotations

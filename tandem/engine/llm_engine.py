@@ -20,9 +20,9 @@ from tandem.config import EngineConfig
 from tandem.core.kv_cache_manager import KVCacheManager
 from tandem.core.request import Request, RequestStatus
 from tandem.core.scheduler import Scheduler
+from tandem.engine.calibration import calibrate
 from tandem.engine.detokenizer import IncrementalDetokenizer
 from tandem.engine.engine_metrics import engine_metrics
-from tandem.engine.calibration import calibrate
 from tandem.engine.drafting import Drafting
 from tandem.engine.fault_isolation import execute_isolated
 from tandem.engine.latency_metrics import LatencyMetrics

@@ -27,8 +27,11 @@ weighs the older ones down by `decay`, and every step weighs all of them down by
 draft that was useless long ago is tried again. A position never observed borrows its prior
 mean from the one before it (the first from 1/2), `prior_weight` observations' worth.
 
-Lossless whatever it picks: every step is an ordinary speculative (or plain) step. Seeded
-sampling then depends on timing, as the choice of k changes which uniforms a position uses.
+Lossless whatever it picks: every step is an ordinary speculative (or plain) step. Under
+rejection_sample_method "standard" a seeded request's tokens then depend on timing (k changes
+which uniforms a position uses); under the default "auto" (and "gumbel") they cannot: seeded
+requests are sampled by Gumbel-max coupling, whatever k. The controller starts from a load-time
+calibration (engine/calibration.py).
 """
 
 from __future__ import annotations
