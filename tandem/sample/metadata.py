@@ -129,7 +129,8 @@ class SamplingMetadata:
             min_p=rep(self.min_p), presence_penalty=rep(self.presence_penalty),
             frequency_penalty=rep(self.frequency_penalty),
             repetition_penalty=rep(self.repetition_penalty),
-            rngs=rngs, positions=positions, seeded=seeded, output_token_ids=outputs, prompt_token_ids=prompts,
+            rngs=rngs, positions=positions, seeded=seeded, output_token_ids=outputs,
+            prompt_token_ids=prompts,
             all_greedy=self.all_greedy, all_random=self.all_random,
             no_penalties=self.no_penalties, no_filters=self.no_filters,
         )
