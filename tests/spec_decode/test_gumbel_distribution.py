@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from tandem import LLM, SamplingParams
+from tandem.kernels import cpu as cpu_kernels
 from tandem.sample import gumbel, gumbel_verifier
 from tandem.sample.sampler import Sampler
 from test_spec_distribution import ALPHA, PROMPT, TEMPERATURE, TOP_P, _pvalue
@@ -44,12 +45,25 @@ def _plain_counts(vocab: int = 40) -> tuple[np.ndarray, np.ndarray]:
     return np.bincount(tokens.numpy(), minlength=vocab), exact_p
 
 
-def test_plain_gumbel_sampler_matches_its_distribution():
+def _path(monkeypatch, path: str) -> None:
+    """Gumbel-max by the C kernel (kernels/cpu_gumbel.c, what engines run) or by torch ops."""
+    if path == "torch":
+        monkeypatch.setattr(cpu_kernels, "gumbel_argmax", lambda *args: None)
+        return
+    cpu_kernels.configure(torch.device("cpu"))
+    if not cpu_kernels.enabled():
+        pytest.skip("the C kernels are off here")
+
+
+@pytest.mark.parametrize("path", ["c", "torch"])
+def test_plain_gumbel_sampler_matches_its_distribution(monkeypatch, path):
+    _path(monkeypatch, path)
     counts, exact_p = _plain_counts()
     assert chi2_pvalue(counts, exact_p) > ALPHA
 
 
 def test_planted_exponential_noise_is_detected(monkeypatch):
+    _path(monkeypatch, "torch")  # the planted noise replaces the torch path's
     def exponential(keys: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         lo, hi = keys & gumbel._M32, (keys >> 32) & gumbel._M32
         x = gumbel._h32(gumbel._h32(tokens ^ lo) ^ hi)
