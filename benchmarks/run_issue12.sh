@@ -16,16 +16,9 @@ P=../shared/data/prompts.jsonl
 [ -f "$P" ] || P=""
 R=benchmarks/results
 PLOT=docs/spec.png
-case "${1:-}" in
-  "") ;;
-  --isa)
-    [ "${2:-}" = avx2 ] || { echo "--isa: only 'avx2' is supported, got '${2:-}'" >&2; exit 2; }
-    grep -qw avx2 /proc/cpuinfo || { echo "--isa avx2: this CPU has no AVX2" >&2; exit 2; }
-    export ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 ONEDNN_MAX_CPU_ISA=AVX2
-    export TANDEM_CPU_MARCH=haswell
-    R=benchmarks/results/avx2 PLOT=docs/spec_avx2.png ;;
-  *) echo "usage: $0 [--isa avx2]" >&2; exit 2 ;;
-esac
+. benchmarks/isa.sh
+hold_isa "$@"
+if [ -n "$HELD" ]; then R=benchmarks/results/avx2 PLOT=docs/spec_avx2.png; fi
 W=${TMPDIR:-/tmp}/tandem-bench
 mkdir -p "$R" "$W"
 # The cores' multiply-add ceiling, which a 16-row step bound by arithmetic is measured against.

@@ -10,16 +10,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export HF_HUB_OFFLINE=1
 R=benchmarks/results/issue28
-case "${1:-}" in
-  "") ;;
-  --isa)
-    [ "${2:-}" = avx2 ] || { echo "--isa: only 'avx2' is supported, got '${2:-}'" >&2; exit 2; }
-    grep -qw avx2 /proc/cpuinfo || { echo "--isa avx2: this CPU has no AVX2" >&2; exit 2; }
-    export ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 ONEDNN_MAX_CPU_ISA=AVX2
-    export TANDEM_CPU_MARCH=haswell
-    R=$R/avx2 ;;
-  *) echo "usage: $0 [--isa avx2]" >&2; exit 2 ;;
-esac
+. benchmarks/isa.sh
+hold_isa "$@"
+if [ -n "$HELD" ]; then R=$R/avx2; fi
 W=${TMPDIR:-/tmp}/tandem-bench
 mkdir -p "$R" "$W"
 SMOL=HuggingFaceTB/SmolLM2-135M-Instruct

@@ -11,11 +11,11 @@ the seeded requests' noise keyed by the row's offset inside its step instead of 
 from __future__ import annotations
 
 import numpy as np
-import torch
 
 from tandem import LLM, SamplingParams
-from tandem.sample import gumbel, gumbel_verifier
+from tandem.sample import gumbel_verifier
 from test_spec_distribution import ALPHA, PROMPT, TEMPERATURE, TOP_P, _pvalue
+from test_gumbel_distribution import keys_by_offset_in_step
 from test_spec_distribution import exact, pair  # noqa: F401 - fixtures
 
 PER_KIND = 6_000  # the planted bugs are gross; both kinds pass with p well above ALPHA
@@ -70,15 +70,7 @@ def test_planted_wrong_q_rows_for_standard_requests_are_detected(pair, exact,  #
 
 def test_planted_noise_keyed_by_offset_in_step_is_detected(pair, exact,  # noqa: F811
                                                            monkeypatch):
-    def by_offset(md, device):
-        first = {}
-        for r, p in zip(md.rngs, md.positions):  # expand() lists a request's rows in order
-            first.setdefault(id(r), p)
-        return torch.tensor([gumbel._signed(r.noise_key(p - first[id(r)]))
-                             for r, p in zip(md.rngs, md.positions)],
-                            dtype=torch.int64, device=device)
-
-    monkeypatch.setattr(gumbel_verifier, "row_keys", by_offset)
+    monkeypatch.setattr(gumbel_verifier, "row_keys", keys_by_offset_in_step)
     seeded, unseeded, _ = _sample(pair)
     assert _pvalue(seeded, exact) < ALPHA
     assert _pvalue(unseeded, exact) > ALPHA  # standard requests use no noise

@@ -9,13 +9,10 @@ planted-bug tests: test_auto_distribution.py."""
 
 from __future__ import annotations
 
-import random
-
 import pytest
 
 from tandem import LLM, SamplingParams
-from tandem.spec_decode.adaptive import AdaptiveK
-from test_gumbel import PARAMS, _tokens
+from test_gumbel import PARAMS, _tokens, choose_any_k
 from test_gumbel import draft  # noqa: F401 - fixture
 
 UNSEEDED = [SamplingParams(temperature=0.8, top_p=0.95, max_tokens=24, ignore_eos=True),
@@ -63,14 +60,7 @@ def test_seeded_tokens_do_not_depend_on_k(tiny_llama, draft, prompts, reference,
 
 def test_adaptive_k_cannot_change_seeded_tokens(tiny_llama, draft, prompts, reference,
                                                 monkeypatch):
-    rng = random.Random(0)
-    chosen: list[int] = []
-
-    def anything(self, batch_size: int) -> int:
-        chosen.append(rng.randint(0, self.k_max))
-        return chosen[-1]
-
-    monkeypatch.setattr(AdaptiveK, "choose", anything)
+    chosen = choose_any_k(monkeypatch)
     llm = _engine(tiny_llama, draft, 4, adaptive=True)
     for params, ref in zip(PARAMS, reference):
         assert _tokens(llm, prompts[:4], params) == ref

@@ -73,10 +73,9 @@ def test_seeded_tokens_do_not_depend_on_k(tiny_llama, draft, prompts, reference,
     assert 0.1 < acceptance < 0.95  # the draft must be rejected sometimes
 
 
-def test_adaptive_k_cannot_change_seeded_tokens(tiny_llama, draft, prompts, reference,
-                                                monkeypatch):
-    """Whatever adaptive speculation chooses (here a random k in 0..4 each step, as timing
-    might), the tokens stay those of plain decoding."""
+def choose_any_k(monkeypatch) -> list[int]:
+    """Adaptive speculation, made to pick a random k in 0..k_max every step (as a clock might);
+    returns the list of the ks it picked."""
     rng = random.Random(0)
     chosen: list[int] = []
 
@@ -85,6 +84,14 @@ def test_adaptive_k_cannot_change_seeded_tokens(tiny_llama, draft, prompts, refe
         return chosen[-1]
 
     monkeypatch.setattr(AdaptiveK, "choose", anything)
+    return chosen
+
+
+def test_adaptive_k_cannot_change_seeded_tokens(tiny_llama, draft, prompts, reference,
+                                                monkeypatch):
+    """Whatever adaptive speculation chooses (here a random k in 0..4 each step, as timing
+    might), the tokens stay those of plain decoding."""
+    chosen = choose_any_k(monkeypatch)
     llm = _spec(tiny_llama, draft, 4, adaptive=True)
     for params, ref in zip(PARAMS, reference):
         assert _tokens(llm, prompts[:4], params) == ref

@@ -93,15 +93,17 @@ def test_speculative_gumbel_matches_target_distribution(pair, exact):  # noqa: F
     assert _pvalue(samples, exact) > ALPHA
 
 
-def test_planted_noise_keyed_by_offset_in_step_is_detected(pair, exact, monkeypatch):  # noqa: F811
-    def by_offset(md, device):
-        first = {}
-        for r, p in zip(md.rngs, md.positions):  # expand() lists a request's rows in order
-            first.setdefault(id(r), p)
-        return torch.tensor([gumbel._signed(r.noise_key(p - first[id(r)]))
-                             for r, p in zip(md.rngs, md.positions)],
-                            dtype=torch.int64, device=device)
+def keys_by_offset_in_step(md, device) -> torch.Tensor:
+    """Planted: noise keyed by a row's offset within its verify step, not by its position."""
+    first = {}
+    for r, p in zip(md.rngs, md.positions):  # expand() lists a request's rows in order
+        first.setdefault(id(r), p)
+    return torch.tensor([gumbel._signed(r.noise_key(p - first[id(r)]))
+                         for r, p in zip(md.rngs, md.positions)],
+                        dtype=torch.int64, device=device)
 
-    monkeypatch.setattr(gumbel_verifier, "row_keys", by_offset)
+
+def test_planted_noise_keyed_by_offset_in_step_is_detected(pair, exact, monkeypatch):  # noqa: F811
+    monkeypatch.setattr(gumbel_verifier, "row_keys", keys_by_offset_in_step)
     samples, _ = _speculative(pair)
     assert _pvalue(samples, exact) < ALPHA
