@@ -1,5 +1,6 @@
 /* The register paths, for cpu_quant.c. cpu_quant_direct.c: a tile of NR weight rows (one type,
- * row_bytes apart from w0) by mr <= 2 MR rows of prepared x (xq, xs, xb), unpacked in registers.
+ * row_bytes apart from w0) by mr <= 2 MR rows of prepared x (xq, xs, xb), unpacked in
+ * registers.
  * out [i * NR + j] gets what tile() gives the same rows, off [i * NR + j] what offsets_dot gives
  * them. Returns -1 where it has no SIMD path. */
 #ifndef TANDEM_QUANT_DIRECT_H
