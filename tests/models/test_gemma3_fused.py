@@ -45,13 +45,14 @@ def _run(d: str, prompts: list[str], **kw) -> list:
 
 @pytest.fixture
 def calls(monkeypatch):
-    """How many forwards ran fused / fell back to the layers."""
-    seen = {"fused": 0, "layers": 0}
+    """How many forwards ran fused / fell back to the layers, and the last model seen."""
+    seen = {"fused": 0, "layers": 0, "model": None}
     real = gemma3_fused.gemma_stack
 
     def counting(model, x, rope_local, rope_global):
         out = real(model, x, rope_local, rope_global)
         seen["fused" if out is not None else "layers"] += 1
+        seen["model"] = model
         return out
     monkeypatch.setattr(gemma3, "gemma_stack", counting)
     return seen
@@ -64,6 +65,9 @@ def test_fused_stack_is_bit_identical_to_the_layers(gemma_dirs, prompts, native_
     kw = {"quantization": quantization} if quantization else {}
     fused = _run(gemma_dirs["target"], prompts, **kw)
     assert calls["fused"] >= MAX_TOKENS - 1 and cpu_kernels.enabled()  # decode steps ran fused
+    plan = calls["model"]._fused_plan
+    assert plan.dims[5] == (quantization is not None)  # on quantized weights where asked
+    assert plan.kinds.tolist() == [[4, 1], [4, 1], [0, 0]]  # window and rope table per layer
     monkeypatch.setattr(gemma3, "gemma_stack", lambda model, x, rl, rg: None)
     layers = _run(gemma_dirs["target"], prompts, **kw)
     assert fused == layers  # tokens and logprobs, to the bit
