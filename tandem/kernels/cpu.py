@@ -114,6 +114,17 @@ def silu_and_mul(x: torch.Tensor) -> Optional[torch.Tensor]:
     return out
 
 
+def gelu_tanh_and_mul(x: torch.Tensor) -> Optional[torch.Tensor]:
+    """[T, 2I] -> gelu(x[:, :I], approximate="tanh") * x[:, I:], or None when the kernel does
+    not apply."""
+    if _state["lib"] is None or x.dim() != 2 or not _ok(x):
+        return None
+    inter = x.shape[1] // 2
+    out = x.new_empty(x.shape[0], inter)
+    _state["lib"].tandem_gelu_tanh_and_mul(x.data_ptr(), out.data_ptr(), x.shape[0], inter)
+    return out
+
+
 def rope_write_kv(qkv: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
                   slot_mapping: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                   num_heads: int, num_kv_heads: int, head_dim: int,
@@ -214,6 +225,32 @@ def llama_stack(x: torch.Tensor, dims: torch.Tensor, table: torch.Tensor,
         x.data_ptr(), out.data_ptr(), x.shape[0], dims.data_ptr(), table.shape[0],
         table.data_ptr(), final_norm.data_ptr(), eps, qk_eps, int(qk_unit_offset),
         cos.data_ptr(), sin.data_ptr(), slot_mapping.data_ptr(), requests.data_ptr(),
+        kv_slots.data_ptr(), requests.shape[0], kv_slots.shape[1], scale,
+        torch.get_num_threads())
+    return out if rc == 0 else None
+
+
+def gemma_stack(x: torch.Tensor, dims: torch.Tensor, table: torch.Tensor, kinds: torch.Tensor,
+                final_norm: torch.Tensor, eps: float, qk_eps: float,
+                rope_local: tuple[torch.Tensor, torch.Tensor],
+                rope_global: tuple[torch.Tensor, torch.Tensor], slot_mapping: torch.Tensor,
+                requests: torch.Tensor, kv_slots: torch.Tensor,
+                scale: float) -> Optional[torch.Tensor]:
+    """A Gemma 3 decoder stack in one call (cpu_decoder_gemma.c): x [T, hidden] embeddings ->
+    the final norm's output [T, hidden]. dims as llama_stack's; table: [layers, 13] int64
+    addresses, kinds: [layers, 2] int64 (window, local rope) (models/gemma3_fused.py). None
+    when a kernel refused (the caller then runs the layers one by one, rewriting the same
+    slots)."""
+    lib = _state["lib"]
+    ropes = (*rope_local, *rope_global)
+    if (lib is None or not _ok(x) or not all(_ok(r) for r in ropes)
+            or not slot_mapping.is_contiguous()):
+        return None
+    out = torch.empty_like(x)
+    rc = lib.tandem_gemma_stack(
+        x.data_ptr(), out.data_ptr(), x.shape[0], dims.data_ptr(), table.shape[0],
+        table.data_ptr(), kinds.data_ptr(), final_norm.data_ptr(), eps, qk_eps,
+        *(r.data_ptr() for r in ropes), slot_mapping.data_ptr(), requests.data_ptr(),
         kv_slots.data_ptr(), requests.shape[0], kv_slots.shape[1], scale,
         torch.get_num_threads())
     return out if rc == 0 else None

@@ -1,5 +1,6 @@
-"""Compiling and loading the CPU kernels (cpu_kernels.c, cpu_gemm.c, cpu_decoder.c, cpu_quant.c,
-cpu_quant_direct.c, cpu_quant_half.c, cpu_quantize.c, cpu_gumbel.c) here.
+"""Compiling and loading the CPU kernels (cpu_kernels.c, cpu_gemm.c, cpu_decoder.c,
+cpu_decoder_gemma.c, cpu_quant.c, cpu_quant_direct.c, cpu_quant_half.c, cpu_quantize.c,
+cpu_gumbel.c) here.
 
 `TANDEM_CPU_KERNELS` chooses: `auto` (the default) compiles them with the system C compiler for
 this CPU (`-march=native`) the first time and falls back to torch ops, with one log line saying
@@ -47,6 +48,7 @@ HEADERS = [HERE / "vec.h", HERE / "kernels.h", HERE / "f16.h", HERE / "quant_for
 SOURCES = {HERE / "cpu_kernels.c": ["-ffp-contract=off"],
            HERE / "cpu_gemm.c": ["-ffp-contract=fast"],
            HERE / "cpu_decoder.c": ["-ffp-contract=off"],
+           HERE / "cpu_decoder_gemma.c": ["-ffp-contract=off"],
            HERE / "cpu_quant.c": ["-ffp-contract=off"],
            HERE / "cpu_quant_direct.c": ["-ffp-contract=off"],
            HERE / "cpu_quant_half.c": ["-ffp-contract=off"],
@@ -58,6 +60,7 @@ _P, _I, _F, _INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
 SIGNATURES = {  # name -> (argtypes, restype)
     "tandem_add_rms_norm": ([_P, _P, _P, _P, _P, _I, _I, _F, _INT], None),
     "tandem_silu_and_mul": ([_P, _P, _I, _I], None),
+    "tandem_gelu_tanh_and_mul": ([_P, _P, _I, _I], None),
     "tandem_rope_write_kv": ([_P, _I, _I, _I, _I, _P, _P, _P, _P, _P, _P, _P, _F, _INT], _INT),
     "tandem_paged_attention": ([_P, _I, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _F, _I, _INT],
                                _INT),
@@ -71,6 +74,8 @@ SIGNATURES = {  # name -> (argtypes, restype)
     "tandem_gumbel_argmax": ([_P, _I, _I, _P, _P, _P, _INT], None),
     "tandem_llama_stack": ([_P, _P, _I, _P, _I, _P, _P, _F, _F, _INT, _P, _P, _P, _P, _P, _I, _I,
                             _F, _INT], _INT),
+    "tandem_gemma_stack": ([_P, _P, _I, _P, _I, _P, _P, _P, _F, _F, _P, _P, _P, _P, _P, _P, _P,
+                            _I, _I, _F, _INT], _INT),
 }
 
 

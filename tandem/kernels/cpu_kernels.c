@@ -104,6 +104,28 @@ void tandem_silu_and_mul(const float *gu, float *out, int64_t rows, int64_t inte
     }
 }
 
+/* out[t, i] = gelu_tanh(gu[t, i]) * gu[t, inter + i]; gu: [rows, 2 inter], out: [rows, inter].
+ * gelu_tanh(x) = x (1 + tanh(u)) / 2 with u = sqrt(2 / pi) (x + 0.044715 x^3), computed as
+ * x / (1 + exp(-2u)), the same function without tanh's cancellation near -1 (torch's own loses
+ * bits there); elementwise, so a row's bits never depend on its batch. */
+void tandem_gelu_tanh_and_mul(const float *gu, float *out, int64_t rows, int64_t inter) {
+    /* -2u = x (c1 + c3 x^2): c1 = -2 sqrt(2 / pi), c3 = 0.044715 c1 */
+    const float c1 = -1.5957691216057308f, c3 = -0.07135481627260025f;
+    for (int64_t r = 0; r < rows; r++) {
+        const float *g = gu + r * 2 * inter, *u = g + inter;
+        float *o = out + r * inter;
+        int64_t i = 0;
+        for (; i + LANES <= inter; i += LANES) {
+            vf x = load(g + i);
+            store(o + i, x / (1.0f + vexp(x * (c1 + c3 * (x * x)))) * load(u + i));
+        }
+        for (; i < inter; i++) {
+            float x = g[i];
+            o[i] = x / (1.0f + fast_exp(x * (c1 + c3 * (x * x)))) * u[i];
+        }
+    }
+}
+
 /* One head in place: optional RMSNorm (weight w, eps, 1 + w when unit_offset), then rotary with
  * full-width tables: x'[d] = x[d] cos[d] + x[d +- D/2] sin[d] (sin already signed). */
 static void norm_rotate(float *x, const float *cos, const float *sin, int64_t d,

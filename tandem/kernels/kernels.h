@@ -9,6 +9,7 @@
 void tandem_add_rms_norm(const float *x, const float *delta, float *sum_out, float *normed,
                          const float *w, int64_t rows, int64_t dim, float eps, int unit_offset);
 void tandem_silu_and_mul(const float *gu, float *out, int64_t rows, int64_t inter);
+void tandem_gelu_tanh_and_mul(const float *gu, float *out, int64_t rows, int64_t inter);
 int tandem_rope_write_kv(float *qkv, int64_t t_count, int64_t h, int64_t hkv, int64_t d,
                          const float *cos, const float *sin, const int64_t *slots,
                          float *k_cache, float *v_cache, const float *q_norm_w,
@@ -28,6 +29,15 @@ int tandem_llama_stack(const float *x, float *out, int64_t t, const int64_t *dim
                        int64_t layers, const int64_t *table, const float *final_norm,
                        float eps, float qk_eps, int qk_unit_offset, const float *cos,
                        const float *sin, const int64_t *slots, const int64_t *requests,
+                       const int64_t *kv_slots, int64_t groups, int64_t lmax, float scale,
+                       int threads);
+
+/* cpu_decoder_gemma.c */
+int tandem_gemma_stack(const float *x, float *out, int64_t t, const int64_t *dims,
+                       int64_t layers, const int64_t *table, const int64_t *kinds,
+                       const float *final_norm, float eps, float qk_eps,
+                       const float *cos_local, const float *sin_local, const float *cos_global,
+                       const float *sin_global, const int64_t *slots, const int64_t *requests,
                        const int64_t *kv_slots, int64_t groups, int64_t lmax, float scale,
                        int threads);
 

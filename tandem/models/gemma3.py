@@ -14,6 +14,7 @@ from tandem.layers.embedding import Embedding, LMHead
 from tandem.layers.linear import QKVParallelLinear, RowParallelLinear
 from tandem.layers.norm import RMSNorm
 from tandem.layers.rotary import Rope, RotaryEmbedding, rope_parameters
+from tandem.models.gemma3_fused import gemma_stack
 from tandem.models.llama import GatedMLP
 from tandem.models.weights import load_weights
 
@@ -84,6 +85,9 @@ class Gemma3Model(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         x = self.embed_tokens(input_ids)  # [T, hidden]
         rope_global, rope_local = self.rotary_global(positions), self.rotary_local(positions)
+        fused = gemma_stack(self, x, rope_local, rope_global)  # CPU decode/verify: one C call
+        if fused is not None:
+            return fused
         for layer in self.layers:
             x = layer(rope_local if layer.sliding else rope_global, x)
         return self.norm(x)

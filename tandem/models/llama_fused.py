@@ -14,12 +14,13 @@ shapes, so the result is bit-identical to the layer-by-layer path
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterator, Optional, Protocol
+from typing import Callable, Iterator, Optional, Protocol, TypeVar
 
 import torch
 from torch import nn
 
 from tandem.attention.context import get_forward_context
+from tandem.attention.metadata import AttnGroup
 from tandem.kernels import cpu as cpu_kernels
 from tandem.layers import matmul_choice
 from tandem.layers.activation import silu_and_mul
@@ -30,13 +31,22 @@ from tandem.layers.rotary import Rope
 
 class DecoderStack(Protocol):
     """What the fused call reads of a Llama-family model (models/llama.py's `LlamaModel`, which
-    imports this module, so the type is named here by its shape): the decoder layers, each with
-    `self_attn`, `mlp`, `input_layernorm` and `post_attention_layernorm`, and the final norm."""
+    imports this module, so the type is named here by its shape; Gemma 3's model alike): the
+    decoder layers, each with `self_attn`, `mlp` and its norms, and the final norm."""
     layers: nn.ModuleList
     norm: RMSNorm
 
     def parameters(self) -> Iterator[nn.Parameter]: ...
 
+
+class FusedPlan(Protocol):
+    """What the helpers below read of a fused stack's plan (this module's, gemma3_fused's)."""
+    weights: list[torch.Tensor]  # one of each float linear shape, for the matmul choice
+    table: Optional[torch.Tensor]
+    table_key: tuple
+
+
+P = TypeVar("P", bound=FusedPlan)
 _POINTERS = 11  # per layer, in cpu_decoder.c's order
 
 
@@ -54,100 +64,138 @@ class _Plan:
     table_key: tuple = ()
 
 
-def _f32(t: Optional[torch.Tensor]) -> bool:
+def f32(t: Optional[torch.Tensor]) -> bool:
     return t is None or (t.dtype is torch.float32 and t.is_cpu and t.is_contiguous())
 
 
-def _plan(model: DecoderStack) -> Optional[_Plan]:
+def stack_dims(model: DecoderStack) -> Optional[tuple[torch.Tensor, list[torch.Tensor]]]:
+    """What both C stacks need of any model (Llama's and Gemma's): (dims, weights) where the
+    layers have one rank, no bias but q/k/v's, float32 CPU parameters, a head size the kernels
+    take, and every linear weight quantized or none; else None. dims: [6] int64 (hidden,
+    intermediate, heads, KV heads, head size, 1 for quantized); weights: one of each float
+    linear shape, for the matmul choice (none when quantized: only our kernels multiply them)."""
     layers = list(model.layers)
     if not layers:
         return None
     a0, m0 = layers[0].self_attn, layers[0].mlp
+    ok = (all(layer.self_attn.qkv_proj.tp == 1 and layer.self_attn.o_proj.bias is None
+              and layer.mlp.gate_up_proj.bias is None and layer.mlp.down_proj.bias is None
+              for layer in layers)
+          and all(f32(p) for p in model.parameters() if not p.is_meta)
+          and a0.head_dim % 2 == 0 and cpu_kernels.attention_takes(a0.head_dim))
+    quantized = {is_quantized(m) for layer in layers for m in layer_linears(layer)}
+    if not ok or len(quantized) != 1:  # every weight quantized, or none
+        return None
+    q = quantized.pop()
+    dims = torch.tensor([a0.qkv_proj.weight.shape[1], m0.down_proj.weight.shape[1],
+                         a0.num_heads, a0.num_kv_heads, a0.head_dim, int(q)])
+    return dims, [] if q else [m.weight for m in layer_linears(layers[0])]
+
+
+def _plan(model: DecoderStack) -> Optional[_Plan]:
+    common = stack_dims(model)
+    if common is None:
+        return None
+    layers = list(model.layers)
     norms = [n for layer in layers for n in (layer.input_layernorm,
                                              layer.post_attention_layernorm)] + [model.norm]
     qk = [(a.q_norm, a.k_norm) for a in (layer.self_attn for layer in layers)]
-    ok = (all(n.eps == model.norm.eps and not n.unit_offset for n in norms)
-          and all((q is None) == (k is None) == (qk[0][0] is None) for q, k in qk)
-          and all(q is None or (q.eps == k.eps == qk[0][0].eps and q.unit_offset ==
-                                k.unit_offset == qk[0][0].unit_offset) for q, k in qk)
-          and all(layer.self_attn.qkv_proj.tp == 1 and layer.self_attn.o_proj.bias is None
-                  and layer.mlp.gate_up_proj.bias is None and layer.mlp.down_proj.bias is None
-                  and layer.mlp.act is silu_and_mul and layer.self_attn.attn.sliding_window is None
-                  and getattr(layer, "residual_multiplier", 1.0) == 1.0  # Granite's: not in C
-                  for layer in layers)
-          and all(_f32(p) for p in model.parameters() if not p.is_meta)
-          and a0.head_dim % 2 == 0 and cpu_kernels.attention_takes(a0.head_dim))
-    linears = [m for layer in layers for m in _linears(layer)]
-    quantized = [is_quantized(m) for m in linears]
-    if not ok or len(set(quantized)) != 1:  # every weight quantized, or none
-        return None
     q_norm = qk[0][0]
-    return _Plan(dims=torch.tensor([a0.qkv_proj.weight.shape[1], m0.down_proj.weight.shape[1],
-                                    a0.num_heads, a0.num_kv_heads, a0.head_dim,
-                                    int(quantized[0])]),
-                 eps=model.norm.eps, qk_eps=q_norm.eps if q_norm is not None else 0.0,
+    ok = (all(n.eps == model.norm.eps and not n.unit_offset for n in norms)
+          and all((q is None) == (k is None) == (q_norm is None) for q, k in qk)
+          and all(q is None or (q.eps == k.eps == q_norm.eps and q.unit_offset ==
+                                k.unit_offset == q_norm.unit_offset) for q, k in qk)
+          and all(layer.mlp.act is silu_and_mul and layer.self_attn.attn.sliding_window is None
+                  and getattr(layer, "residual_multiplier", 1.0) == 1.0  # Granite's: not in C
+                  for layer in layers))
+    if not ok:
+        return None
+    return _Plan(dims=common[0], eps=model.norm.eps,
+                 qk_eps=q_norm.eps if q_norm is not None else 0.0,
                  qk_unit_offset=bool(q_norm is not None and q_norm.unit_offset),
-                 scale=a0.attn.scale,
-                 weights=[] if quantized[0] else [m.weight for m in _linears(layers[0])])
+                 scale=layers[0].self_attn.attn.scale, weights=common[1])
 
 
-def _linears(layer: nn.Module) -> list[nn.Module]:
-    """A layer's four linear layers, in cpu_decoder.c's table order."""
+def layer_linears(layer: nn.Module) -> list[nn.Module]:
+    """A layer's four linear layers (Llama's and Gemma's alike)."""
     return [layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj,
             layer.mlp.down_proj]
 
 
-def _weight_address(module: nn.Module) -> int:
+def weight_address(module: nn.Module) -> int:
     """A float32 weight's data, or a quantized weight's descriptor (kernels/cpu_quant.c)."""
     q = module.qweight
     return q.desc.data_ptr() if q is not None else module.weight.data_ptr()
 
 
-def _table(model: DecoderStack, plan: _Plan) -> Optional[torch.Tensor]:
-    """Each layer's weight and cache addresses, rebuilt when the caches are rebound."""
+def address_table(model: DecoderStack, plan: FusedPlan,
+                  layer_tensors: Callable[[nn.Module], list]) -> Optional[torch.Tensor]:
+    """Each layer's weight and cache addresses ([layers, pointers] int64, 0 for None), from
+    `layer_tensors(layer)` (tensors, linear modules, None), in the C stack's order; rebuilt
+    when the caches are rebound. None while a cache is not a bound float32 tensor."""
     attns = [layer.self_attn.attn for layer in model.layers]
     key = (attns[0].k_cache.data_ptr(), attns[-1].v_cache.data_ptr(), attns[0].k_cache.shape)
     if plan.table is None or plan.table_key != key:
-        if not all(_f32(a.k_cache) and _f32(a.v_cache) and a.k_cache.numel() for a in attns):
+        if not all(f32(a.k_cache) and f32(a.v_cache) and a.k_cache.numel() for a in attns):
             return None
-        rows = []
-        for layer in model.layers:
-            at, mlp = layer.self_attn, layer.mlp
-            tensors = [layer.input_layernorm.weight, layer.post_attention_layernorm.weight,
-                       at.qkv_proj, at.qkv_proj.bias, at.o_proj, mlp.gate_up_proj,
-                       mlp.down_proj, at.q_norm.weight if at.q_norm is not None else None,
-                       at.k_norm.weight if at.k_norm is not None else None,
-                       at.attn.k_cache, at.attn.v_cache]
-            rows.append([0 if t is None else _weight_address(t) if isinstance(t, nn.Module)
-                         else t.data_ptr() for t in tensors])
-        assert len(rows[0]) == _POINTERS
+        rows = [[0 if t is None else weight_address(t) if isinstance(t, nn.Module)
+                 else t.data_ptr() for t in layer_tensors(layer)] for layer in model.layers]
         plan.table, plan.table_key = torch.tensor(rows, dtype=torch.int64), key
     return plan.table
+
+
+def _llama_tensors(layer: nn.Module) -> list:
+    """A layer's addresses in cpu_decoder.c's order."""
+    at, mlp = layer.self_attn, layer.mlp
+    tensors = [layer.input_layernorm.weight, layer.post_attention_layernorm.weight,
+               at.qkv_proj, at.qkv_proj.bias, at.o_proj, mlp.gate_up_proj, mlp.down_proj,
+               at.q_norm.weight if at.q_norm is not None else None,
+               at.k_norm.weight if at.k_norm is not None else None,
+               at.attn.k_cache, at.attn.v_cache]
+    assert len(tensors) == _POINTERS
+    return tensors
+
+
+def step_group(x: torch.Tensor) -> Optional[AttnGroup]:
+    """The step's one decode/verify attention group where a fused stack may run on x [T,
+    hidden] (kernels on, float32, at most C_MAX_ROWS rows), else None."""
+    if not cpu_kernels.enabled() or not f32(x) or x.shape[0] > matmul_choice.C_MAX_ROWS:
+        return None
+    groups = get_forward_context().groups
+    if len(groups) != 1 or not groups[0].small or groups[0].requests is None:
+        return None
+    return groups[0]
+
+
+def model_plan(model: DecoderStack, build: Callable[[DecoderStack], Optional[P]]) -> Optional[P]:
+    """build(model), once per model (None: the stack never runs fused); the C matmul for its
+    float weights' shapes is decided as one at the same time."""
+    plan = model.__dict__.get("_fused_plan", False)
+    if plan is False:
+        plan = model.__dict__["_fused_plan"] = build(model)
+        if plan is not None:
+            matmul_choice.choose_c_together(plan.weights)
+    return plan
+
+
+def c_multiplies(x: torch.Tensor, weights: list[torch.Tensor]) -> bool:
+    """Our C matmul is the one chosen for x against each float weight (a quantized plan lists
+    no weights: only our kernels multiply them)."""
+    return all(matmul_choice.kernel_for(x, w, None) is matmul_choice._c for w in weights)
 
 
 def fused_stack(model: DecoderStack, x: torch.Tensor, rope: Rope) -> Optional[torch.Tensor]:
     """The final norm's output [T, hidden] for embeddings x [T, hidden], or None where the
     fused call does not apply."""
-    if not cpu_kernels.enabled() or not _f32(x) or x.shape[0] > matmul_choice.C_MAX_ROWS:
+    g = step_group(x)
+    if g is None:
         return None
-    meta = get_forward_context()
-    groups = meta.groups
-    if len(groups) != 1 or not groups[0].small or groups[0].requests is None:
+    plan = model_plan(model, _plan)
+    if plan is None or not c_multiplies(x, plan.weights):
         return None
-    plan = model.__dict__.get("_fused_plan", False)
-    if plan is False:  # once per model: the plan, and the matmul for its shapes, decided as one
-        plan = model.__dict__["_fused_plan"] = _plan(model)
-        if plan is not None:
-            matmul_choice.choose_c_together(plan.weights)
-    if plan is None:
-        return None
-    # (a quantized plan lists no weights: only our kernels multiply them)
-    if any(matmul_choice.kernel_for(x, w, None) is not matmul_choice._c for w in plan.weights):
-        return None
-    table = _table(model, plan)
+    table = address_table(model, plan, _llama_tensors)
     if table is None:
         return None
-    g = groups[0]
     return cpu_kernels.llama_stack(x, plan.dims, table, model.norm.weight, plan.eps, plan.qk_eps,
-                                   plan.qk_unit_offset, rope, meta.slot_mapping,
+                                   plan.qk_unit_offset, rope, get_forward_context().slot_mapping,
                                    g.requests, g.kv_slots, plan.scale)
