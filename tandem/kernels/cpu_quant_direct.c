@@ -241,7 +241,8 @@ static inline __attribute__((always_inline)) void direct(
                 __m256i xv = _mm256_loadu_si256((const __m256i *)(xq + i * kp + c));
                 __m256 xsv = _mm256_loadu_ps(xs + i * (kp / 4) + c / 4);
                 for (int j = 0; j < nrd; j++) {
-                    __m256i pairs = _mm256_maddubs_epi16(u[j], sgn ? _mm256_sign_epi8(xv, s[j]) : xv);
+                    __m256i pairs = _mm256_maddubs_epi16(u[j], sgn ? _mm256_sign_epi8(xv, s[j])
+                                                                   : xv);
                     __m256 f = _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, ones));
                     acc[i][j] = _mm256_fmadd_ps(f, _mm256_mul_ps(wa[j], xsv), acc[i][j]);
                 }
