@@ -4,7 +4,7 @@
 Run it under the machine's exclusive timing lock, in tandem's venv (build.sh first):
 
     flock -x /tmp/tandem-heavy.lock /work/main/.venv/bin/python benchmarks/llama_cpp/peer.py
-        [--side both|llama|tandem] [--files smollm2-q4_1,gemma3-q4_k_m] [--threads 2]
+        [--side both|llama|tandem] [--files smollm2-q4_1,gemma3-q4_k_m] [--threads 2] [--rounds 3]
     python peer.py server FILE [--port 8090]         # llama-server on loopback; prints URL, pid
     python peer.py spec --target T --draft D [--k 3]  # llama-speculative-simple vs plain
 
@@ -24,6 +24,7 @@ import argparse
 import json
 import os
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -131,29 +132,53 @@ def fmt(x):
 
 # ---- modes ----------------------------------------------------------------------------------
 
+def measure(model: Path, args, tandem_first: bool) -> dict:
+    """One round on one file: both sides (in the order given), and the ratios."""
+    m: dict = {}
+    sides = [s for s in (("tandem", "llama") if tandem_first else ("llama", "tandem"))
+             if args.side in ("both", s)]
+    for side in sides:
+        if side == "llama":
+            m["llama_tg128"], m["llama_tg128_sd"] = attempt(llama_tg, model, args.threads) \
+                or (None, None)
+            b = attempt(llama_batched, model, args.threads) or {}
+            m["llama_batched"] = b
+            m["llama_16_tg"] = b.get(16, {}).get("tg_tokens_per_s")
+        else:
+            m["tandem_1"] = attempt(tandem_one_stream, model, args.threads)
+            m["tandem_16"] = attempt(tandem_streams, model, args.threads)
+    m["ratio_1"] = ratio(m.get("tandem_1"), m.get("llama_tg128"))
+    m["ratio_16"] = ratio(m.get("tandem_16"), m.get("llama_16_tg"))
+    # a busy machine shows here: anything else running steals from whichever side it hits
+    m["loadavg_1min_after"] = os.getloadavg()[0]
+    return m
+
+
+def median(values: list):
+    values = [v for v in values if v is not None]
+    return round(statistics.median(values), 2) if values else None
+
+
 def bench(args) -> None:
     files = make_files()
     chosen = args.files.split(",") if args.files else list(files)
     c = cpu()
-    print(f"CPU: {cpu_line(c)}; {args.threads} threads each\n", flush=True)
+    print(f"CPU: {cpu_line(c)}; {args.threads} threads each; {args.rounds} round(s), the sides "
+          f"taking turns to go first\n", flush=True)
     rows = []
     for label in chosen:
         model = files.get(label) or Path(label)
         print(f"{label}: {model}", flush=True)
-        row = {"file": label, "path": str(model)}
-        if args.side in ("both", "llama"):
-            row["llama_tg128"], row["llama_tg128_sd"] = attempt(llama_tg, model, args.threads) \
-                or (None, None)
-            b = attempt(llama_batched, model, args.threads) or {}
-            row["llama_batched"] = b
-            row["llama_16_tg"] = b.get(16, {}).get("tg_tokens_per_s")
-        if args.side in ("both", "tandem"):
-            row["tandem_1"] = attempt(tandem_one_stream, model, args.threads)
-            row["tandem_16"] = attempt(tandem_streams, model, args.threads)
-        row["ratio_1"] = ratio(row.get("tandem_1"), row.get("llama_tg128"))
-        row["ratio_16"] = ratio(row.get("tandem_16"), row.get("llama_16_tg"))
-        # a busy machine shows here: anything else running steals from whichever side it hits
-        row["loadavg_1min_after"] = os.getloadavg()[0]
+        rounds = [measure(model, args, tandem_first=r % 2 == 1) for r in range(args.rounds)]
+        # medians of each figure, and each ratio the median of the per-round ratios: the host
+        # drifts by more than the sides differ, so a ratio from one pass says little
+        row = {key: median([r.get(key) for r in rounds])
+               for key in ("llama_tg128", "llama_16_tg", "tandem_1", "tandem_16", "ratio_1",
+                           "ratio_16")}
+        row.update(file=label, path=str(model), rounds=rounds)
+        if args.rounds > 1:
+            print("  per round: one stream " + ", ".join(str(r["ratio_1"]) for r in rounds)
+                  + "; 16 streams " + ", ".join(str(r["ratio_16"]) for r in rounds), flush=True)
         rows.append(row)
     print(f"\n{'file':16} | {'llama 1':>7} {'tandem 1':>8} {'ratio':>5} | "
           f"{'llama 16':>8} {'tandem 16':>9} {'ratio':>5}   (tok/s)")
@@ -161,8 +186,9 @@ def bench(args) -> None:
         print(f"{r['file']:16} | {fmt(r.get('llama_tg128'))} {fmt(r.get('tandem_1')):>8} "
               f"{r['ratio_1'] or '-':>5} | {fmt(r.get('llama_16_tg')):>8} "
               f"{fmt(r.get('tandem_16')):>9} {r['ratio_16'] or '-':>5}")
-    print(f"ratios are tandem / llama.cpp; CPU: {cpu_line(c)}")
-    save("peer", {"cpu": c, "threads": args.threads, "side": args.side, "rows": rows})
+    print(f"ratios are tandem / llama.cpp (medians of per-round ratios); CPU: {cpu_line(c)}")
+    save("peer", {"cpu": c, "threads": args.threads, "side": args.side, "rounds": args.rounds,
+                  "rows": rows})
 
 
 def server(args) -> None:
@@ -232,6 +258,8 @@ def save(name: str, result: dict) -> None:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=1,
+                   help="measure each file this many times, the sides taking turns to go first")
     p.add_argument("--side", choices=("both", "llama", "tandem"), default="both")
     p.add_argument("--files", default=None, help="comma-separated labels or paths (default: all)")
     p.set_defaults(func=bench)
