@@ -6,7 +6,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 
-#include "kernels.h"
+#include "decoder_scratch.h"
 
 /* Addresses per layer in `table` ([layers, LAYER_PTRS] int64), NULL (0) where absent. */
 enum { IN_NORM, POST_NORM, QKV_W, QKV_B, O_W, GATE_UP_W, DOWN_W, Q_NORM, K_NORM, K_CACHE,
@@ -14,18 +14,10 @@ enum { IN_NORM, POST_NORM, QKV_W, QKV_B, O_W, GATE_UP_W, DOWN_W, Q_NORM, K_NORM,
 
 #define P(l, i) ((float *)(intptr_t)table[(l) * LAYER_PTRS + (i)])
 
-/* One linear layer: w is float32 [n, k], or with `quantized` the descriptor of cpu_quant.c. */
-static int matmul(int quantized, const float *x, const float *w, const float *bias, float *y,
-                  int64_t m, int64_t n, int64_t k, int threads) {
-    if (quantized)
-        return tandem_qlinear(x, (const int64_t *)w, bias, y, m, n, k, threads);
-    return tandem_linear(x, w, bias, y, m, n, k, threads);
-}
-
 /* x [t, hidden]: the embeddings (read only); out [t, hidden]: the final norm's output.
  * dims: hidden, intermediate, heads, kv heads, head size, and 1 where the four weights of every
- * layer are quantized-weight descriptors (cpu_quant.c) instead of float32. cos, sin: [t, d]; slots [t];
- * requests [g, 3] and kv_slots [g, lmax]: the step's one decode/verify attention group.
+ * layer are quantized-weight descriptors (cpu_quant.c) instead of float32. cos, sin: [t, d];
+ * slots [t]; requests [g, 3] and kv_slots [g, lmax]: the step's one decode/verify attention group.
  * Returns 0, or -1 (out unspecified) when a kernel refuses its sizes or memory runs out. */
 int tandem_llama_stack(const float *x, float *out, int64_t t, const int64_t *dims,
                        int64_t layers, const int64_t *table, const float *final_norm,
@@ -36,12 +28,10 @@ int tandem_llama_stack(const float *x, float *out, int64_t t, const int64_t *dim
     int64_t hidden = dims[0], inter = dims[1], h = dims[2], hkv = dims[3], d = dims[4];
     int q = (int)dims[5];
     int64_t qkv_n = (h + 2 * hkv) * d;
-    /* Scratch: the residual stream, a normed copy, qkv, attention output, gate/up, activation. */
-    size_t per_row = (size_t)(2 * hidden + qkv_n + h * d + 3 * inter);
-    float *buf = malloc(sizeof(float) * per_row * (size_t)(t > 0 ? t : 1));
-    if (!buf) return -1;
-    float *stream = buf, *normed = stream + t * hidden, *qkv = normed + t * hidden;
-    float *attn = qkv + t * qkv_n, *gu = attn + t * h * d, *act = gu + t * 2 * inter;
+    stack_scratch sc;
+    if (stack_scratch_alloc(&sc, t, hidden, qkv_n, h * d, inter)) return -1;
+    float *stream = sc.stream, *normed = sc.normed, *qkv = sc.qkv, *attn = sc.attn, *gu = sc.gu;
+    float *act = sc.act;
     float *mlp = out; /* each layer's MLP output waits in `out` for the next layer's add */
     int rc = 0;
     for (int64_t l = 0; l < layers && rc == 0; l++) {
@@ -49,22 +39,22 @@ int tandem_llama_stack(const float *x, float *out, int64_t t, const int64_t *dim
             tandem_add_rms_norm(x, NULL, stream, normed, P(l, IN_NORM), t, hidden, eps, 0);
         else
             tandem_add_rms_norm(stream, mlp, stream, normed, P(l, IN_NORM), t, hidden, eps, 0);
-        rc |= matmul(q, normed, P(l, QKV_W), P(l, QKV_B), qkv, t, qkv_n, hidden, threads);
+        rc |= stack_matmul(q, normed, P(l, QKV_W), P(l, QKV_B), qkv, t, qkv_n, hidden, threads);
         rc |= tandem_rope_write_kv(qkv, t, h, hkv, d, cos, sin, slots, P(l, K_CACHE),
                                    P(l, V_CACHE), P(l, Q_NORM), P(l, K_NORM), qk_eps,
                                    qk_unit_offset);
         rc |= tandem_paged_attention(qkv, qkv_n, P(l, K_CACHE), P(l, V_CACHE), attn, requests,
                                      kv_slots, groups, lmax, h, hkv, d, scale, 0, threads);
-        rc |= matmul(q, attn, P(l, O_W), NULL, normed, t, hidden, h * d, threads);
+        rc |= stack_matmul(q, attn, P(l, O_W), NULL, normed, t, hidden, h * d, threads);
         /* normed holds the attention block's output; the stream absorbs it, normed gets the
          * norm (the kernel reads each row before writing it). */
         tandem_add_rms_norm(stream, normed, stream, normed, P(l, POST_NORM), t, hidden, eps, 0);
-        rc |= matmul(q, normed, P(l, GATE_UP_W), NULL, gu, t, 2 * inter, hidden, threads);
+        rc |= stack_matmul(q, normed, P(l, GATE_UP_W), NULL, gu, t, 2 * inter, hidden, threads);
         tandem_silu_and_mul(gu, act, t, inter);
-        rc |= matmul(q, act, P(l, DOWN_W), NULL, mlp, t, hidden, inter, threads);
+        rc |= stack_matmul(q, act, P(l, DOWN_W), NULL, mlp, t, hidden, inter, threads);
     }
     if (rc == 0)
         tandem_add_rms_norm(stream, mlp, stream, out, final_norm, t, hidden, eps, 0);
-    free(buf);
+    free(sc.buf);
     return rc ? -1 : 0;
 }

@@ -9,21 +9,13 @@
 #include <stdint.h>
 #include <stdlib.h>
 
-#include "kernels.h"
+#include "decoder_scratch.h"
 
 /* Addresses per layer in `table` ([layers, LAYER_PTRS] int64), NULL (0) where absent. */
 enum { IN_NORM, POST_ATTN_NORM, PRE_FF_NORM, POST_FF_NORM, QKV_W, QKV_B, O_W, GATE_UP_W,
        DOWN_W, Q_NORM, K_NORM, K_CACHE, V_CACHE, LAYER_PTRS };
 
 #define P(l, i) ((float *)(intptr_t)table[(l) * LAYER_PTRS + (i)])
-
-/* One linear layer: w is float32 [n, k], or with `quantized` the descriptor of cpu_quant.c. */
-static int matmul(int quantized, const float *x, const float *w, const float *bias, float *y,
-                  int64_t m, int64_t n, int64_t k, int threads) {
-    if (quantized)
-        return tandem_qlinear(x, (const int64_t *)w, bias, y, m, n, k, threads);
-    return tandem_linear(x, w, bias, y, m, n, k, threads);
-}
 
 /* x [t, hidden]: the embeddings (read only); out [t, hidden]: the final norm's output.
  * dims: hidden, intermediate, heads, kv heads, head size, and 1 where the four weights of every
@@ -43,12 +35,10 @@ int tandem_gemma_stack(const float *x, float *out, int64_t t, const int64_t *dim
     int64_t hidden = dims[0], inter = dims[1], h = dims[2], hkv = dims[3], d = dims[4];
     int q = (int)dims[5];
     int64_t qkv_n = (h + 2 * hkv) * d;
-    /* Scratch: the residual stream, a normed copy, qkv, attention output, gate/up, activation. */
-    size_t per_row = (size_t)(2 * hidden + qkv_n + h * d + 3 * inter);
-    float *buf = malloc(sizeof(float) * per_row * (size_t)(t > 0 ? t : 1));
-    if (!buf) return -1;
-    float *stream = buf, *normed = stream + t * hidden, *qkv = normed + t * hidden;
-    float *attn = qkv + t * qkv_n, *gu = attn + t * h * d, *act = gu + t * 2 * inter;
+    stack_scratch sc;
+    if (stack_scratch_alloc(&sc, t, hidden, qkv_n, h * d, inter)) return -1;
+    float *stream = sc.stream, *normed = sc.normed, *qkv = sc.qkv, *attn = sc.attn, *gu = sc.gu;
+    float *act = sc.act;
     float *block = out; /* each sublayer's normed output waits in `out` for the stream's add */
     int rc = 0;
     for (int64_t l = 0; l < layers && rc == 0; l++) {
@@ -58,24 +48,24 @@ int tandem_gemma_stack(const float *x, float *out, int64_t t, const int64_t *dim
             tandem_add_rms_norm(x, NULL, stream, normed, P(l, IN_NORM), t, hidden, eps, 1);
         else
             tandem_add_rms_norm(stream, block, stream, normed, P(l, IN_NORM), t, hidden, eps, 1);
-        rc |= matmul(q, normed, P(l, QKV_W), P(l, QKV_B), qkv, t, qkv_n, hidden, threads);
+        rc |= stack_matmul(q, normed, P(l, QKV_W), P(l, QKV_B), qkv, t, qkv_n, hidden, threads);
         rc |= tandem_rope_write_kv(qkv, t, h, hkv, d, local ? cos_local : cos_global,
                                    local ? sin_local : sin_global, slots, P(l, K_CACHE),
                                    P(l, V_CACHE), P(l, Q_NORM), P(l, K_NORM), qk_eps, 1);
         rc |= tandem_paged_attention(qkv, qkv_n, P(l, K_CACHE), P(l, V_CACHE), attn, requests,
                                      kv_slots, groups, lmax, h, hkv, d, scale, window, threads);
-        rc |= matmul(q, attn, P(l, O_W), NULL, block, t, hidden, h * d, threads);
+        rc |= stack_matmul(q, attn, P(l, O_W), NULL, block, t, hidden, h * d, threads);
         /* normed in place (the kernel reads a row whole before writing it), then added to the
          * stream by the next norm's kernel */
         tandem_add_rms_norm(block, NULL, NULL, block, P(l, POST_ATTN_NORM), t, hidden, eps, 1);
         tandem_add_rms_norm(stream, block, stream, normed, P(l, PRE_FF_NORM), t, hidden, eps, 1);
-        rc |= matmul(q, normed, P(l, GATE_UP_W), NULL, gu, t, 2 * inter, hidden, threads);
+        rc |= stack_matmul(q, normed, P(l, GATE_UP_W), NULL, gu, t, 2 * inter, hidden, threads);
         tandem_gelu_tanh_and_mul(gu, act, t, inter);
-        rc |= matmul(q, act, P(l, DOWN_W), NULL, block, t, hidden, inter, threads);
+        rc |= stack_matmul(q, act, P(l, DOWN_W), NULL, block, t, hidden, inter, threads);
         tandem_add_rms_norm(block, NULL, NULL, block, P(l, POST_FF_NORM), t, hidden, eps, 1);
     }
     if (rc == 0)
         tandem_add_rms_norm(stream, block, stream, out, final_norm, t, hidden, eps, 1);
-    free(buf);
+    free(sc.buf);
     return rc ? -1 : 0;
 }

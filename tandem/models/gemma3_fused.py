@@ -25,8 +25,7 @@ from tandem.attention.context import get_forward_context
 from tandem.kernels import cpu as cpu_kernels
 from tandem.layers.activation import gelu_tanh_and_mul
 from tandem.layers.rotary import Rope
-from tandem.models.llama_fused import (DecoderStack, address_table, c_multiplies, model_plan,
-                                       stack_dims, step_group)
+from tandem.models.llama_fused import DecoderStack, prepare, stack_dims
 
 _POINTERS = 13  # per layer, in cpu_decoder_gemma.c's order
 
@@ -87,15 +86,10 @@ def gemma_stack(model: DecoderStack, x: torch.Tensor, rope_local: Rope,
     """The final norm's output [T, hidden] for scaled embeddings x [T, hidden] (sliding layers
     rotate by rope_local, the others by rope_global), or None where the fused call does not
     apply."""
-    g = step_group(x)
-    if g is None:
+    ready = prepare(model, x, _plan, _gemma_tensors)
+    if ready is None:
         return None
-    plan = model_plan(model, _plan)
-    if plan is None or not c_multiplies(x, plan.weights):
-        return None
-    table = address_table(model, plan, _gemma_tensors)
-    if table is None:
-        return None
+    g, plan, table = ready
     return cpu_kernels.gemma_stack(x, plan.dims, table, plan.kinds, model.norm.weight, plan.eps,
                                    plan.qk_eps, rope_local, rope_global,
                                    get_forward_context().slot_mapping, g.requests, g.kv_slots,

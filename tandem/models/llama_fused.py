@@ -184,18 +184,28 @@ def c_multiplies(x: torch.Tensor, weights: list[torch.Tensor]) -> bool:
     return all(matmul_choice.kernel_for(x, w, None) is matmul_choice._c for w in weights)
 
 
-def fused_stack(model: DecoderStack, x: torch.Tensor, rope: Rope) -> Optional[torch.Tensor]:
-    """The final norm's output [T, hidden] for embeddings x [T, hidden], or None where the
-    fused call does not apply."""
+def prepare(model: DecoderStack, x: torch.Tensor, build: Callable[[DecoderStack], Optional[P]],
+            tensors: Callable[[nn.Module], list]) -> Optional[tuple[AttnGroup, P, torch.Tensor]]:
+    """The step's attention group, the model's plan and its address table where a fused stack
+    runs this step on x [T, hidden] (see step_group, model_plan, c_multiplies, address_table),
+    else None."""
     g = step_group(x)
     if g is None:
         return None
-    plan = model_plan(model, _plan)
+    plan = model_plan(model, build)
     if plan is None or not c_multiplies(x, plan.weights):
         return None
-    table = address_table(model, plan, _llama_tensors)
-    if table is None:
+    table = address_table(model, plan, tensors)
+    return None if table is None else (g, plan, table)
+
+
+def fused_stack(model: DecoderStack, x: torch.Tensor, rope: Rope) -> Optional[torch.Tensor]:
+    """The final norm's output [T, hidden] for embeddings x [T, hidden], or None where the
+    fused call does not apply."""
+    ready = prepare(model, x, _plan, _llama_tensors)
+    if ready is None:
         return None
+    g, plan, table = ready
     return cpu_kernels.llama_stack(x, plan.dims, table, model.norm.weight, plan.eps, plan.qk_eps,
                                    plan.qk_unit_offset, rope, get_forward_context().slot_mapping,
                                    g.requests, g.kv_slots, plan.scale)
