@@ -104,25 +104,25 @@ def add_rms_norm(x: torch.Tensor, residual: Optional[torch.Tensor], weight: torc
     return normed, residual
 
 
-def silu_and_mul(x: torch.Tensor) -> Optional[torch.Tensor]:
-    """[T, 2I] -> silu(x[:, :I]) * x[:, I:], or None when the kernel does not apply."""
+def _act_and_mul(kernel: str, x: torch.Tensor) -> Optional[torch.Tensor]:
+    """[T, 2I] -> act(x[:, :I]) * x[:, I:] by the library's `kernel`, or None when the kernel
+    does not apply."""
     if _state["lib"] is None or x.dim() != 2 or not _ok(x):
         return None
     inter = x.shape[1] // 2
     out = x.new_empty(x.shape[0], inter)
-    _state["lib"].tandem_silu_and_mul(x.data_ptr(), out.data_ptr(), x.shape[0], inter)
+    getattr(_state["lib"], kernel)(x.data_ptr(), out.data_ptr(), x.shape[0], inter)
     return out
+
+
+def silu_and_mul(x: torch.Tensor) -> Optional[torch.Tensor]:
+    """silu(x[:, :I]) * x[:, I:] for x [T, 2I], or None (see _act_and_mul)."""
+    return _act_and_mul("tandem_silu_and_mul", x)
 
 
 def gelu_tanh_and_mul(x: torch.Tensor) -> Optional[torch.Tensor]:
-    """[T, 2I] -> gelu(x[:, :I], approximate="tanh") * x[:, I:], or None when the kernel does
-    not apply."""
-    if _state["lib"] is None or x.dim() != 2 or not _ok(x):
-        return None
-    inter = x.shape[1] // 2
-    out = x.new_empty(x.shape[0], inter)
-    _state["lib"].tandem_gelu_tanh_and_mul(x.data_ptr(), out.data_ptr(), x.shape[0], inter)
-    return out
+    """gelu(x[:, :I], approximate="tanh") * x[:, I:] for x [T, 2I], or None (see _act_and_mul)."""
+    return _act_and_mul("tandem_gelu_tanh_and_mul", x)
 
 
 def rope_write_kv(qkv: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
