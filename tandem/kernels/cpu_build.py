@@ -52,6 +52,8 @@ SOURCES = {HERE / "cpu_kernels.c": ["-ffp-contract=off"],
            HERE / "cpu_quant.c": ["-ffp-contract=off"],
            HERE / "cpu_quant_direct.c": ["-ffp-contract=off"],
            HERE / "cpu_quant_half.c": ["-ffp-contract=off"],
+           HERE / "cpu_quant_pack.c": ["-ffp-contract=off"],
+           HERE / "cpu_quant_r16.c": ["-ffp-contract=off"],
            HERE / "cpu_quantize.c": ["-ffp-contract=off"],
            HERE / "cpu_gumbel.c": ["-ffp-contract=off"]}
 FLAGS = ["-O3", "-fPIC", "-std=gnu11", "-Wno-psabi"]
@@ -70,6 +72,8 @@ SIGNATURES = {  # name -> (argtypes, restype)
     "tandem_q_block_bytes": ([_INT], _I),
     "tandem_qlinear": ([_P, _P, _P, _P, _I, _I, _I, _INT], _INT),
     "tandem_q_rows": ([_INT, _P, _I, _P, _I, _I, _P], _INT),
+    "tandem_q_r16_bytes": ([_INT, _I], _I),
+    "tandem_q_r16_pack": ([_INT, _P, _I, _I, _I, _P], _INT),
     "tandem_quantize": ([_P, _I, _I, _INT, _P, _INT], _INT),
     "tandem_gumbel_argmax": ([_P, _I, _I, _P, _P, _P, _INT], None),
     "tandem_llama_stack": ([_P, _P, _I, _P, _I, _P, _P, _F, _F, _INT, _P, _P, _P, _P, _P, _I, _I,

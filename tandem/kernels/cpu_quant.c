@@ -26,6 +26,8 @@
  *     so Q8_0 keeps signed q there and multiplies |q| by sign(q) x (the sign trick);
  *   otherwise: plain C over the same lanes (portable; Arm uses it).
  * F16 and BF16 rows (cpu_quant_half.c) are widened to float32 and multiplied with x unrounded.
+ * Segments interleaved 16 rows at a time (Q_R16 in the descriptor: AVX-512 VNNI builds) go to
+ * cpu_quant_r16.c for every row count, with numerics of their own (integer sums per block).
  */
 #include "kernels.h"
 #include "quant_format.h"
@@ -68,8 +70,10 @@ static void unpack_row(int type, const uint8_t *row, int64_t k, int64_t kp, row_
     for (int64_t g = k / 16; g < GROUPS(kp); g++) r.b16[g] = 0.0f;
 }
 
-/* x rows quantized: q [kp] int8, lane scales xs [kp / 4], block sums xb [GROUPS(kp)] (ax * sum q). */
-static void prepare_x(const float *x, int64_t k, int64_t kp, int8_t *q, float *xs, float *xb) {
+/* x rows quantized: q [kp] int8, lane scales xs [kp / 4], block sums xb [GROUPS(kp)] (ax * sum q)
+ * and xi [GROUPS(kp)] (sum q, for interleaved weights). */
+static void prepare_x(const float *x, int64_t k, int64_t kp, int8_t *q, float *xs, float *xb,
+                      int32_t *xi) {
     for (int64_t c = 0; c < k; c += 32) {
         float amax = 0.0f;
         for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(x[c + j]));
@@ -83,10 +87,11 @@ static void prepare_x(const float *x, int64_t k, int64_t kp, int8_t *q, float *x
         }
         for (int l = 0; l < 8; l++) xs[c / 4 + l] = d;
         xb[c / 16] = d * (float)sum0, xb[c / 16 + 1] = d * (float)sum1;
+        xi[c / 16] = sum0, xi[c / 16 + 1] = sum1;
     }
     memset(q + k, 0, (size_t)(kp - k));
     for (int64_t l = k / 4; l < kp / 4; l++) xs[l] = 0.0f;
-    for (int64_t g = k / 16; g < GROUPS(kp); g++) xb[g] = 0.0f;
+    for (int64_t g = k / 16; g < GROUPS(kp); g++) xb[g] = 0.0f, xi[g] = 0;
 }
 
 /* y[i, j] (i < mr rows of x, j < nr weight rows) = the lanes' part of the dot products. */
@@ -161,9 +166,10 @@ static inline __attribute__((always_inline)) void tile(
 #endif
 }
 
-/* One weight segment: `rows` rows of `type`, each `row_bytes` long, from `data`. */
+/* One weight segment: `rows` rows of `type`, each `row_bytes` long, from `data` (r16: in
+ * groups of 16 interleaved rows, cpu_quant_pack.c). */
 typedef struct {
-    int type;
+    int type, r16;
     int64_t rows, row_bytes;
     const uint8_t *data;
 } segment;
@@ -175,10 +181,11 @@ static int read_segments(const int64_t *desc, int64_t n, int64_t k, segment *seg
     if (nseg < 1 || nseg > MAX_SEGMENTS) return -1;
     for (int64_t s = 0; s < nseg; s++) {
         const int64_t *d = desc + 1 + 4 * s;
-        seg[s] = (segment){(int)d[0], d[1], d[3], (const uint8_t *)(intptr_t)d[2]};
-        int64_t block = q_block(seg[s].type);
-        if (!block || k % block || seg[s].row_bytes != k / block * q_block_bytes(seg[s].type)
-            || (is_half(seg[s].type) && k % 16))
+        int r16 = (d[0] & Q_R16) != 0, type = (int)(d[0] & ~(int64_t)Q_R16);
+        seg[s] = (segment){type, r16, d[1], d[3], (const uint8_t *)(intptr_t)d[2]};
+        int64_t block = q_block(type);
+        if (!block || k % block || seg[s].row_bytes != k / block * q_block_bytes(type)
+            || (is_half(type) && k % 16) || (r16 && !tandem_q_r16_bytes(type, k)))
             return -1;
         total += seg[s].rows;
     }
@@ -198,15 +205,19 @@ int tandem_qlinear(const float *x, const int64_t *desc, const float *bias, float
     if (m < 0 || k <= 0 || k % 32 || read_segments(desc, n, k, seg, &nseg)) return -1;
     init_tables();
     if (m == 0) return 0;
-    for (int64_t s = 0; s < nseg; s++) first[s] = blocks, blocks += (seg[s].rows + NR - 1) / NR;
+    for (int64_t s = 0; s < nseg; s++) {  /* work items of NR rows, or of 16 interleaved */
+        int64_t unit = seg[s].r16 ? 16 : NR;
+        first[s] = blocks, blocks += (seg[s].rows + unit - 1) / unit;
+    }
     first[nseg] = blocks;
     int64_t kp = (k + STEP - 1) / STEP * STEP, xrows = m < XCHUNK ? m : XCHUNK;
     int64_t gp = GROUPS(kp);
-    size_t xbytes = (size_t)xrows * (size_t)(kp + kp + 4 * gp);  /* q, xs (kp/4 floats), xb */
+    size_t xbytes = (size_t)xrows * (size_t)(kp + kp + 8 * gp);  /* q, xs (kp/4), xb, xi */
     uint8_t *xbuf = malloc(xbytes);
     if (!xbuf) return -1;
     int8_t *xq = (int8_t *)xbuf;
     float *xs = (float *)(xbuf + xrows * kp), *xb = xs + xrows * (kp / 4);
+    int32_t *xi = (int32_t *)(xb + xrows * gp);
     int parallel = threads > 1 && m * n * k >= (1 << 18), failed = 0;
     int direct = m <= DIRECT_ROWS;
     (void)parallel;
@@ -219,7 +230,8 @@ int tandem_qlinear(const float *x, const int64_t *desc, const float *bias, float
         {
 #pragma omp for schedule(static)
             for (int64_t i = 0; i < mc; i++)
-                prepare_x(x + (m0 + i) * k, k, kp, xq + i * kp, xs + i * (kp / 4), xb + i * gp);
+                prepare_x(x + (m0 + i) * k, k, kp, xq + i * kp, xs + i * (kp / 4), xb + i * gp,
+                          xi + i * gp);
             /* Per thread: NR rows in the common form (none when direct). */
             size_t per_row = (size_t)(kp + (SIGNED_Q8 ? kp : 0) + kp + 4 * gp);
             uint8_t *wbuf = direct ? NULL : malloc(per_row * NR);
@@ -243,9 +255,16 @@ int tandem_qlinear(const float *x, const int64_t *desc, const float *bias, float
                 int64_t bi = item / groups, g0 = (item % groups) * RGROUP;
                 int64_t s = 0;
                 while (first[s + 1] <= bi) s++;
-                int64_t r0 = (bi - first[s]) * NR, nr = seg[s].rows - r0 < NR ? seg[s].rows - r0 : NR;
-                int64_t col = r0;
+                int64_t unit = seg[s].r16 ? 16 : NR, r0 = (bi - first[s]) * unit;
+                int64_t nr = seg[s].rows - r0 < unit ? seg[s].rows - r0 : unit, col = r0;
                 for (int64_t t = 0; t < s; t++) col += seg[t].rows;
+                int64_t g1 = mc - g0 < RGROUP ? mc : g0 + RGROUP;
+                if (seg[s].r16) {
+                    q_r16(seg[s].type, seg[s].data + r0 / 16 * tandem_q_r16_bytes(seg[s].type, k),
+                          (int)nr, xq + g0 * kp, xs + g0 * (kp / 4), xi + g0 * gp, g1 - g0, k, kp,
+                          gp, bias ? bias + col : NULL, y + (m0 + g0) * n + col, n);
+                    continue;
+                }
                 int sgn = SIGNED_Q8 && seg[s].type == T_Q8_0, half = is_half(seg[s].type);
                 int offsets = !sgn && !half;
                 if (bi != unpacked && !direct && !half) {
@@ -256,7 +275,6 @@ int tandem_qlinear(const float *x, const int64_t *desc, const float *bias, float
                     }
                     unpacked = bi;
                 }
-                int64_t g1 = mc - g0 < RGROUP ? mc : g0 + RGROUP;
                 const int64_t tile_rows = direct ? DIRECT_ROWS : MR;
                 for (int64_t i0 = g0; i0 < g1; i0 += tile_rows) {
                     int64_t mr = g1 - i0 < tile_rows ? g1 - i0 : tile_rows;
@@ -288,34 +306,4 @@ int tandem_qlinear(const float *x, const int64_t *desc, const float *bias, float
     }
     free(xbuf);
     return failed ? -1 : 0;
-}
-
-/* Rows `ids` [count] of a [rows, k] weight of `type` (row_bytes each) as float32, out [count, k]:
- * the embedding lookup of a quantized table, and the reference dequantization. Exact: each
- * element is a * u + b with a * u exact in float32 (as ggml's own dequantization). */
-int tandem_q_rows(int type, const uint8_t *data, int64_t row_bytes, const int64_t *ids,
-                  int64_t count, int64_t k, float *out) {
-    int64_t block = q_block(type), bytes = q_block_bytes(type);
-    if (!block || k % block || row_bytes != k / block * bytes) return -1;
-    init_tables();
-    uint8_t u[256];
-    int8_t s[256];
-    float a[16], b[16];
-    for (int64_t r = 0; r < count; r++) {
-        const uint8_t *row = data + ids[r] * row_bytes;
-        float *o = out + r * k;
-        if (is_half(type)) {
-            for (int64_t e = 0; e < k; e++) o[e] = half_at(type, row + 2 * e);
-            continue;
-        }
-        for (int64_t c = 0; c < k; c += block) {
-            unpack_block(type, row + c / block * bytes, u, s, a, b);
-            for (int64_t e = 0; e < block; e++) {
-                float v = SIGNED_Q8 && type == T_Q8_0 ? a[e / 16] * (float)s[e]
-                                                      : a[e / 16] * (float)u[e] + b[e / 16];
-                o[c + e] = v;
-            }
-        }
-    }
-    return 0;
 }

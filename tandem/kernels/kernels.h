@@ -46,8 +46,13 @@ int64_t tandem_q_block(int type);
 int64_t tandem_q_block_bytes(int type);
 int tandem_qlinear(const float *x, const int64_t *desc, const float *bias, float *y, int64_t m,
                    int64_t n, int64_t k, int threads);
+
+/* cpu_quant_pack.c */
 int tandem_q_rows(int type, const uint8_t *data, int64_t row_bytes, const int64_t *ids,
                   int64_t count, int64_t k, float *out);
+int64_t tandem_q_r16_bytes(int type, int64_t k);
+int tandem_q_r16_pack(int type, const uint8_t *src, int64_t rows, int64_t row_bytes, int64_t k,
+                      uint8_t *dst);
 
 /* cpu_quantize.c */
 int tandem_quantize(const float *x, int64_t rows, int64_t k, int type, uint8_t *out, int threads);

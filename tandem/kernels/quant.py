@@ -51,18 +51,42 @@ def qlinear(x: torch.Tensor, desc: torch.Tensor, bias: Optional[torch.Tensor],
     return y
 
 
-def dequantize_rows(ggml_type: int, data: torch.Tensor, ids: torch.Tensor,
-                    k: int) -> torch.Tensor:
-    """Rows `ids` [N] of data (uint8 [rows, row bytes]) as float32 [N, k]."""
+def dequantize_rows(ggml_type: int, data: torch.Tensor, ids: torch.Tensor, k: int,
+                    rows: Optional[int] = None, row_bytes: Optional[int] = None) -> torch.Tensor:
+    """Rows `ids` [N] of data (uint8 [rows, row bytes]) as float32 [N, k]. With R16 in the
+    type, data is interleaved (`pack_r16`: [groups, group bytes]) and `rows`, `row_bytes` say
+    the tensor's own."""
     ids = ids.to(torch.int64).contiguous()
     out = torch.empty(ids.shape[0], k, dtype=torch.float32)
-    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= data.shape[0]):
-        raise IndexError(f"row ids outside [0, {data.shape[0]})")
-    rc = _lib().tandem_q_rows(ggml_type, data.data_ptr(), data.shape[1], ids.data_ptr(),
+    rows = data.shape[0] if rows is None else rows
+    row_bytes = data.shape[1] if row_bytes is None else row_bytes
+    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= rows):
+        raise IndexError(f"row ids outside [0, {rows})")
+    rc = _lib().tandem_q_rows(ggml_type, data.data_ptr(), row_bytes, ids.data_ptr(),
                               ids.shape[0], k, out.data_ptr())
     if rc != 0:
         raise RuntimeError(f"ggml type {ggml_type} with {data.shape[1]} bytes per row of {k} "
                            "elements is not a layout the kernels take")
+    return out
+
+
+R16 = 0x100  # in a descriptor's type: rows interleaved 16 at a time (cpu_quant_pack.c)
+
+
+def pack_r16(ggml_type: int, data: torch.Tensor, k: int) -> Optional[torch.Tensor]:
+    """Rows (uint8 [rows, row bytes]) interleaved 16 at a time, uint8 [ceil(rows / 16), group
+    bytes], for the kernels that read that layout; None where this build has none for the
+    type (then the rows stay as they are)."""
+    lib = _lib()
+    group_bytes = lib.tandem_q_r16_bytes(ggml_type, k)
+    if group_bytes == 0:
+        return None
+    data = data.contiguous()
+    out = torch.empty((data.shape[0] + 15) // 16, group_bytes, dtype=torch.uint8)
+    rc = lib.tandem_q_r16_pack(ggml_type, data.data_ptr(), data.shape[0], data.shape[1], k,
+                               out.data_ptr())
+    if rc != 0:
+        raise RuntimeError(f"ggml type {ggml_type} rows of {k} elements cannot be interleaved")
     return out
 
 

@@ -16,4 +16,15 @@ int q_direct(int type, const uint8_t *w0, int64_t row_bytes, int nr, const int8_
 int q_half(int type, const uint8_t *w0, int64_t row_bytes, int nr, const float *x, int64_t mr,
            int64_t k, float *out);
 
+/* cpu_quant_r16.c: 16 interleaved rows (one group of tandem_q_r16_pack's layout at grp, nr of
+ * them real) against mr rows of prepared x (xq, xs, and xi: x's integer sums per 16):
+ * y [i * ldy + j] (+ bias [j]) for i < mr, j < nr. Only where R16_KERNEL. */
+void q_r16(int type, const uint8_t *grp, int nr, const int8_t *xq, const float *xs,
+           const int32_t *xi, int64_t mr, int64_t k, int64_t kp, int64_t gp, const float *bias,
+           float *y, int64_t ldy);
+
+/* cpu_quant_pack.c: bytes of one group block (16 rows, one block position); 0: not
+ * interleaved. */
+int64_t q_r16_block_bytes(int type);
+
 #endif

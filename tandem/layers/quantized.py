@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import logging
+import os
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Iterator, Optional, Union
@@ -83,16 +84,62 @@ class RawQuant:
         return dequantize_blocks(self.data, self.ggml_type, (self.rows, self.cols))
 
 
+@dataclass
+class PackedQuant:
+    """Rows of a GGUF tensor interleaved 16 at a time (kernels/cpu_quant_pack.c): the same
+    bytes reordered so that one integer multiply-add serves 16 rows. data uint8 [ceil(rows /
+    16), group bytes]; row_bytes is a row's size in its own blocks."""
+    ggml_type: int
+    data: torch.Tensor
+    rows: int
+    cols: int
+    type_name: str
+    row_bytes: int
+
+    def values(self, ids: torch.Tensor) -> torch.Tensor:
+        """Rows `ids` [N] as float32 [N, cols]: the values of the rows before interleaving."""
+        return quant.dequantize_rows(self.ggml_type | quant.R16, self.data, ids, self.cols,
+                                     self.rows, self.row_bytes)
+
+    def dequantize(self) -> torch.Tensor:
+        return self.values(torch.arange(self.rows))
+
+
+Segment = Union[RawQuant, PackedQuant]
+LAYOUTS = ("interleaved", "rows")
+
+
+def _layout() -> str:
+    """TANDEM_QUANT_LAYOUT: "interleaved" (default: 16 rows interleaved where the kernels read
+    that layout, AVX-512 VNNI builds) or "rows" (GGUF's own order: benchmarks compare both)."""
+    layout = os.environ.get("TANDEM_QUANT_LAYOUT", "interleaved").strip() or "interleaved"
+    if layout not in LAYOUTS:
+        raise ValueError(f"TANDEM_QUANT_LAYOUT={layout!r} is not one of {', '.join(LAYOUTS)}")
+    return layout
+
+
+def _packed(s: Segment, layout: str) -> Segment:
+    if isinstance(s, PackedQuant) or layout != "interleaved":
+        return s
+    data = quant.pack_r16(s.ggml_type, s.data, s.cols)
+    if data is None:
+        return RawQuant(s.ggml_type, s.data.contiguous(), s.cols, s.type_name)
+    return PackedQuant(s.ggml_type, data, s.rows, s.cols, s.type_name, s.data.shape[1])
+
+
 class QuantizedWeight:
     """A [out, in] weight as row segments of ggml blocks, and the descriptor the kernels read."""
 
-    def __init__(self, segments: list[RawQuant]) -> None:
-        self.segments = [RawQuant(s.ggml_type, s.data.contiguous(), s.cols, s.type_name)
-                         for s in segments]
+    def __init__(self, segments: list[Segment]) -> None:
+        layout = _layout()
+        self.segments = [_packed(s, layout) for s in segments]
         self.shape = (sum(s.rows for s in segments), segments[0].cols)
         flat = [len(self.segments)]
         for s in self.segments:
-            flat += [s.ggml_type, s.rows, s.data.data_ptr(), s.data.shape[1]]
+            if isinstance(s, PackedQuant):
+                flat += [s.ggml_type | quant.R16, s.rows, s.data.data_ptr(), s.row_bytes]
+            else:
+                flat += [s.ggml_type, s.rows, s.data.data_ptr(), s.data.shape[1]]
         self.desc = torch.tensor(flat, dtype=torch.int64)  # [1 + 4 * segments]
 
     @property
@@ -114,6 +161,8 @@ class QuantizedWeight:
         """Rows `ids` [T] as float32 [T, in]: an embedding lookup reads only these rows."""
         if len(self.segments) == 1:
             s = self.segments[0]
+            if isinstance(s, PackedQuant):
+                return s.values(ids)
             return quant.dequantize_rows(s.ggml_type, s.data, ids, s.cols)
         return self.dequantize()[ids]
 

@@ -11,7 +11,7 @@ from gguf import GGMLQuantizationType as Q
 from gguf.quants import dequantize as gguf_dequantize
 
 from tandem.kernels import quant
-from tandem.layers.quantized import QuantizedWeight, RawQuant
+from tandem.layers.quantized import PackedQuant, QuantizedWeight, RawQuant
 
 # byte offsets of the float16 scales in each block (the rest of a random block is any bytes)
 _F16_AT = {"Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "Q8_0": (0,),
@@ -143,3 +143,27 @@ def test_layouts_the_kernel_does_not_take_are_refused(fused):
         quant.qlinear(torch.randn(2, 64), bad, None, 4)  # type 99: no such block
     with pytest.raises(ValueError, match="blocks of 256"):
         quant.quantize(torch.randn(2, 64), quant.QUANTIZE_TYPES["q4_k"])
+
+
+@pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K"])
+def test_interleaved_rows_hold_the_same_weight(fused, name, monkeypatch):
+    """Where the build reads 16 interleaved rows (AVX-512 VNNI: cpu_quant_r16.c), weights are
+    kept so: the same values, the same products up to float32 summation order (the row-major
+    layout's lanes sum in another order), and rows past a multiple of 16 come out right."""
+    k = 512 if name.endswith("_K") else 96
+    raw = random_blocks(name, 37, k, seed=3)
+    if quant.pack_r16(quant.KERNEL_TYPES[name], raw, k) is None:
+        pytest.skip("this build keeps rows in GGUF's order")
+    monkeypatch.setenv("TANDEM_QUANT_LAYOUT", "rows")
+    rows = _weight(name, raw, k)
+    monkeypatch.setenv("TANDEM_QUANT_LAYOUT", "interleaved")
+    packed = _weight(name, raw, k)
+    assert isinstance(packed.segments[0], PackedQuant) and packed.segments[0].data.shape[0] == 3
+    assert isinstance(rows.segments[0], RawQuant)
+    assert torch.equal(packed.dequantize(), rows.dequantize())
+    x = torch.randn(6, k)
+    a, b = rows.matmul(x, None), packed.matmul(x, None)
+    assert ((a - b).abs() <= 1e-5 * a.abs().max()).all()
+    monkeypatch.setenv("TANDEM_QUANT_LAYOUT", "columns")
+    with pytest.raises(ValueError, match="interleaved, rows"):
+        _weight(name, raw, k)
