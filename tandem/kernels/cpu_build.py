@@ -44,7 +44,7 @@ logger = logging.getLogger("tandem")
 MODES = ("auto", "c", "torch")
 HERE = Path(__file__).parent
 HEADERS = [HERE / "vec.h", HERE / "kernels.h", HERE / "f16.h", HERE / "quant_format.h",
-           HERE / "quant_direct.h", HERE / "decoder_scratch.h"]
+           HERE / "quant_direct.h", HERE / "decoder_scratch.h", HERE / "quant_r16_vec.h"]
 SOURCES = {HERE / "cpu_kernels.c": ["-ffp-contract=off"],
            HERE / "cpu_gemm.c": ["-ffp-contract=fast"],
            HERE / "cpu_decoder.c": ["-ffp-contract=off"],

@@ -32,9 +32,13 @@
 #endif
 
 /* In a descriptor's type: the rows are interleaved 16 at a time (cpu_quant_pack.c), which only
- * the AVX-512 VNNI build reads (cpu_quant_r16.c). */
+ * the AVX-512 VNNI and AVX2 (with FMA and F16C) builds read (cpu_quant_r16.c). */
 #define Q_R16 0x100
-#define R16_KERNEL (STEP == 64)
+#if STEP == 64 || (defined(__AVX2__) && defined(__FMA__) && defined(__F16C__))
+#define R16_KERNEL 1
+#else
+#define R16_KERNEL 0
+#endif
 
 enum { T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q5_1 = 7, T_Q8_0 = 8, T_Q4_K = 12, T_Q5_K = 13,
        T_Q6_K = 14, T_F16 = 1, T_BF16 = 30 };

@@ -21,10 +21,9 @@ def native_library() -> ctypes.CDLL:
     return cpu_build.load_library(cpu_build.build_library())
 
 
-@pytest.fixture(scope="session", params=["native", "avx2"])
-def library(request, native_library) -> ctypes.CDLL:
-    if request.param == "native":
-        return native_library
+@pytest.fixture(scope="session")
+def avx2_library(native_library) -> ctypes.CDLL:
+    """The library as built for AVX2 only (haswell), on an x86 machine with AVX-512."""
     flags = cpu_build.cpu_flags()
     if platform.machine() != "x86_64" or not {"avx512f", "avx2", "fma"} <= flags:
         pytest.skip("the native build is already the 8-lane one, or this is not x86")
@@ -34,6 +33,13 @@ def library(request, native_library) -> ctypes.CDLL:
         return cpu_build.load_library(cpu_build.build_library())
     finally:
         patch.undo()
+
+
+@pytest.fixture(scope="session", params=["native", "avx2"])
+def library(request, native_library) -> ctypes.CDLL:
+    if request.param == "native":
+        return native_library
+    return request.getfixturevalue("avx2_library")
 
 
 @pytest.fixture

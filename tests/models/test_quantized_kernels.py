@@ -167,3 +167,24 @@ def test_interleaved_rows_hold_the_same_weight(fused, name, monkeypatch):
     monkeypatch.setenv("TANDEM_QUANT_LAYOUT", "columns")
     with pytest.raises(ValueError, match="interleaved, rows"):
         _weight(name, raw, k)
+
+
+def test_interleaved_rows_get_the_same_bits_from_avx2_and_avx512(native_library, avx2_library,
+                                                                monkeypatch):
+    """The 16 lanes are one AVX-512 register or two AVX2 halves, with the same operations per
+    lane (quant_r16_vec.h): a weight's outputs are identical bits on either kind of CPU."""
+    from tandem.kernels import cpu as cpu_kernels
+    for name in ("Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K"):
+        monkeypatch.setitem(cpu_kernels._state, "lib", native_library)
+        k = 512 if name.endswith("_K") else 608
+        raw = random_blocks(name, 37, k, seed=4)
+        x = torch.randn(7, k)
+        bias = torch.randn(37)
+        outs = []
+        for lib in (native_library, avx2_library):
+            monkeypatch.setitem(cpu_kernels._state, "lib", lib)
+            w = _weight(name, raw, k)
+            if not isinstance(w.segments[0], PackedQuant):
+                pytest.skip("a build here keeps rows in GGUF's order")
+            outs.append(torch.cat([w.matmul(x, bias), w.matmul(x[:1], bias)]))
+        assert torch.equal(outs[0], outs[1]), name
