@@ -26,7 +26,7 @@
  *     so Q8_0 keeps signed q there and multiplies |q| by sign(q) x (the sign trick);
  *   otherwise: plain C over the same lanes (portable; Arm uses it).
  * F16 and BF16 rows (cpu_quant_half.c) are widened to float32 and multiplied with x unrounded.
- * Segments interleaved 16 rows at a time (Q_R16 in the descriptor: AVX-512 VNNI builds) go to
+ * Segments interleaved 16 rows at a time (Q_R16 in the descriptor: AVX-512 VNNI and AVX2 builds) go to
  * cpu_quant_r16.c for every row count, with numerics of their own (integer sums per block).
  */
 #include "kernels.h"

@@ -31,7 +31,7 @@ int64_t q_r16_block_bytes(int type) {
 }
 
 /* Bytes of 16 interleaved rows of k elements; 0 where this build does not interleave `type`
- * (the layout is read by cpu_quant_r16.c's AVX-512 VNNI path only). */
+ * (cpu_quant_r16.c reads it with AVX-512 VNNI, or AVX2 with FMA and F16C). */
 int64_t tandem_q_r16_bytes(int type, int64_t k) {
     int64_t block = q_block(type), bb = q_r16_block_bytes(type);
     if (!R16_KERNEL || !bb || k <= 0 || k % block) return 0;
