@@ -22,6 +22,9 @@
 #if R16_KERNEL
 
 #define RM 6 /* x rows a pass: 8 weight registers + RM accumulators + sums */
+#ifndef PF
+#define PF 2
+#endif
 #define INL static inline __attribute__((always_inline))
 
 /* sum over 8 words w of W[w] . x[4w .. 4w + 3], in two chains (latency), then one add. */
@@ -55,6 +58,8 @@ INL void group_tile(const int type, const int mrt, const uint8_t *grp, const int
     for (int64_t b = 0; b < k / block; b++) {
         const uint8_t *g = grp + b * bb;
         const int64_t e0 = b * block;
+        for (int64_t o = 0; o < bb; o += 64)  /* PF blocks ahead, on into the next group */
+            _mm_prefetch((const char *)(g + PF * bb + o), _MM_HINT_T0);
         if (block == 32) {
             v16f d = vf_half(g), m = vf_zero();
             v16i W[8];
@@ -76,23 +81,22 @@ INL void group_tile(const int type, const int mrt, const uint8_t *grp, const int
             }
         } else if (type == T_Q4_K) {
             v16f d = vf_half(g), dmin = vf_half(g + 32);
-            for (int p = 0; p < 4; p++) {  /* qs bytes 32p..: sub-block 2p low, 2p + 1 high */
-                v16i V[8];
-                for (int w = 0; w < 8; w++) V[w] = vi_load(g + 320 + 512 * p + 64 * w);
-                for (int h = 0; h < 2; h++) {
-                    const int j = 2 * p + h;
-                    const int64_t e = e0 + 32 * j;
-                    v16i W[8];
-                    for (int w = 0; w < 8; w++) W[w] = vi_and(h ? vi_srl16(V[w], 4) : V[w], low4);
-                    v16f a = vf_mul(d, vf_cvt(vi_widen8(g + 64 + 16 * j, 0)));
-                    v16f bm = vf_neg(vf_mul(dmin, vf_cvt(vi_widen8(g + 192 + 16 * j, 0))));
-                    for (int i = 0; i < mrt; i++) {
-                        const float dx = xs[i * (kp / 4) + e / 4];
-                        const int32_t qs = xi[i * gp + e / 16] + xi[i * gp + e / 16 + 1];
-                        v16i s = dot8(W, xq + i * kp + e, 0);
-                        acc[i] = vf_fma(vf_cvt(s), vf_mul(a, vf_set1(dx)), acc[i]);
-                        acc[i] = vf_fma(bm, vf_set1(dx * (float)qs), acc[i]);
-                    }
+            for (int j = 0; j < 8; j++) {  /* qs bytes 32(j / 2)..: j even low, odd high */
+                const uint8_t *v = g + 320 + 512 * (j / 2);
+                const int64_t e = e0 + 32 * j;
+                v16i W[8];  /* loaded again for the high nibbles: held, they spilled */
+                for (int w = 0; w < 8; w++) {
+                    v16i q = vi_load(v + 64 * w);
+                    W[w] = vi_and(j & 1 ? vi_srl16(q, 4) : q, low4);
+                }
+                v16f a = vf_mul(d, vf_cvt(vi_widen8(g + 64 + 16 * j, 0)));
+                v16f bm = vf_neg(vf_mul(dmin, vf_cvt(vi_widen8(g + 192 + 16 * j, 0))));
+                for (int i = 0; i < mrt; i++) {
+                    const float dx = xs[i * (kp / 4) + e / 4];
+                    const int32_t qs = xi[i * gp + e / 16] + xi[i * gp + e / 16 + 1];
+                    v16i s = dot8(W, xq + i * kp + e, 0);
+                    acc[i] = vf_fma(vf_cvt(s), vf_mul(a, vf_set1(dx)), acc[i]);
+                    acc[i] = vf_fma(bm, vf_set1(dx * (float)qs), acc[i]);
                 }
             }
         } else {  /* T_Q6_K: sub-block j = elements 32j..: half n, quarter r (as ggml's order) */

@@ -1,0 +1,92 @@
+"""One quantized matmul, timed in both weight layouts: GGUF's rows and 16 rows interleaved.
+
+    .venv/bin/python benchmarks/bench_quant_matmul.py --shapes Q4_K:12288:4096,Q8_0:3072:576 \
+        --rows 1,5,16 --threads 2 --rounds 5
+
+Each shape is `TYPE:OUT:IN` with random blocks of that ggml type (float16 scales kept in a sane
+range). The two layouts take turns in every round (the host drifts more than they differ); each
+figure is the median over rounds of the best of `--reps` calls. Prints microseconds per call,
+interleaved against rows as a ratio, and the weight's bytes per microsecond at one x row, with
+the CPU named. A kernel-level figure: the engine's own speeds come from `tandem bench`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks" / "llama_cpp"))
+
+from peer import cpu, cpu_line  # noqa: E402  (the CPU named as the peer benchmark names it)
+
+from tandem.kernels import cpu as cpu_kernels, quant  # noqa: E402
+from tandem.layers.quantized import QuantizedWeight, RawQuant  # noqa: E402
+
+# byte offsets of each block's float16 scales (every other byte may be anything)
+_F16_AT = {"Q4_0": (0,), "Q4_1": (0, 2), "Q8_0": (0,), "Q4_K": (0, 2), "Q6_K": (208,)}
+
+
+def random_weight(name: str, out: int, k: int, layout: str) -> QuantizedWeight:
+    block, nbytes = quant.block_shape(quant.KERNEL_TYPES[name])
+    rng = np.random.default_rng(0)
+    raw = rng.integers(0, 256, (out, k // block, nbytes), dtype=np.uint8)
+    for at in _F16_AT[name]:
+        scales = rng.uniform(-0.05, 0.05, (out, k // block)).astype(np.float16)
+        raw[:, :, at:at + 2] = scales.view(np.uint8).reshape(out, k // block, 2)
+    os.environ["TANDEM_QUANT_LAYOUT"] = layout  # read when the weight is built
+    return QuantizedWeight([RawQuant(quant.KERNEL_TYPES[name],
+                                     torch.from_numpy(raw.reshape(out, -1).copy()), k, name)])
+
+
+def best_us(w: QuantizedWeight, x: torch.Tensor, reps: int) -> float:
+    w.matmul(x, None)  # warm: caches, the x buffer
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        w.matmul(x, None)
+        best = min(best, time.perf_counter() - t0)
+    return best * 1e6
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--shapes", default="Q4_1:3072:576,Q8_0:3072:576,Q4_K:3072:1024,"
+                   "Q6_K:3072:1024,Q4_K:12288:4096")
+    p.add_argument("--rows", default="1,2,4,5,8,16", help="x rows (batch) per call")
+    p.add_argument("--threads", type=int, default=torch.get_num_threads())
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--reps", type=int, default=20)
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    cpu_kernels.configure(torch.device("cpu"))  # builds or loads the kernel library
+    print(cpu_line(cpu()), f"| {args.threads} threads")
+    print(f"{'shape':>18} {'x rows':>6} {'rows us':>9} {'interleaved us':>15} {'ratio':>6} "
+          f"{'MB/ms (1 row)':>14}")
+    for shape in args.shapes.split(","):
+        name, out, k = shape.split(":")
+        out, k = int(out), int(k)
+        weights = {lay: random_weight(name, out, k, lay) for lay in ("rows", "interleaved")}
+        for m in (int(r) for r in args.rows.split(",")):
+            x = torch.randn(m, k)
+            times: dict[str, list[float]] = {lay: [] for lay in weights}
+            for _ in range(args.rounds):
+                for lay, w in weights.items():
+                    times[lay].append(best_us(w, x, args.reps))
+            med = {lay: statistics.median(t) for lay, t in times.items()}
+            rate = weights["interleaved"].nbytes / med["interleaved"] / 1e3 if m == 1 else None
+            print(f"{shape:>18} {m:>6} {med['rows']:>9.1f} {med['interleaved']:>15.1f} "
+                  f"{med['rows'] / med['interleaved']:>5.2f}x "
+                  f"{'' if rate is None else f'{rate:.1f}':>14}")
+
+
+if __name__ == "__main__":
+    main()
