@@ -9,10 +9,15 @@
  * block's integer sums stay in integers until its one scale. Layouts (bytes):
  *   Q4_0  [d 16 x f16][qs 4 x 64: qs bytes 4v..4v+3]                        288 = 16 x 18
  *   Q4_1  [d][m][qs as Q4_0]                                                320 = 16 x 20
+ *   Q5_0  [d][qh' 64][qs as Q4_0]                                           352 = 16 x 22
+ *   Q5_1  [d][m][qh' 64][qs as Q4_0]                                        384 = 16 x 24
  *   Q8_0  [d][qs 8 x 64, each byte q + 128]                                 544 = 16 x 34
  *   Q4_K  [d][dmin][scale 8 x 16][min 8 x 16][qs 32 x 64]                 2368 = 16 x 148
  *   Q6_K  [d][scale 16 x 16 (int8)][ql 32 x 64][qh 16 x 64]               3360 = 16 x 210
- * ([X 16 x 16]: X of group or sub-block g for row r at 16 g + r.) Rows past the tensor's end
+ * ([X 16 x 16]: X of group or sub-block g for row r at 16 g + r.) Q5's 32 fifth bits (qh, bit e
+ * for element e) are permuted per row so that the kernel puts them in place by one shift:
+ * qh' bit 8i + w = the fifth bit of the element in byte i of word w, which is element 4w + i
+ * (words 0-3 the qs bytes' low nibbles, 4-7 their high nibbles). Rows past the tensor's end
  * are zero (scale 0: they add nothing and are never stored).
  */
 #include "kernels.h"
@@ -23,6 +28,8 @@ int64_t q_r16_block_bytes(int type) {
     switch (type) {
     case T_Q4_0: return 16 * 18;
     case T_Q4_1: return 16 * 20;
+    case T_Q5_0: return 16 * 22;
+    case T_Q5_1: return 16 * 24;
     case T_Q8_0: return 16 * 34;
     case T_Q4_K: return 16 * 148;
     case T_Q6_K: return 16 * 210;
@@ -54,6 +61,29 @@ static void move_block(int type, uint8_t *p, uint8_t *g, int r, int to_group) {
         MOVE(g + 2 * r, p, 2);
         if (type == T_Q4_1) MOVE(g + 32 + 2 * r, p + 2, 2);
         for (int v = 0; v < 4; v++) MOVE(word(g + 16 * qs, v, r), p + qs + 4 * v, 4);
+        break;
+    }
+    case T_Q5_0: case T_Q5_1: {
+        const int one = type == T_Q5_0 ? 0 : 1;  /* Q5_1 has m after d */
+        uint8_t *qh = g + 32 * (1 + one) + 4 * r;
+        MOVE(g + 2 * r, p, 2);
+        if (one) MOVE(g + 32 + 2 * r, p + 2, 2);
+        uint32_t h, hp = 0;
+        if (to_group) {
+            memcpy(&h, p + 2 + 2 * one, 4);
+            for (int w = 0; w < 8; w++)
+                for (int i = 0; i < 4; i++)
+                    hp |= ((h >> (4 * w + i)) & 1u) << (8 * i + w);
+            memcpy(qh, &hp, 4);
+        } else {
+            memcpy(&hp, qh, 4);
+            h = 0;
+            for (int w = 0; w < 8; w++)
+                for (int i = 0; i < 4; i++) h |= ((hp >> (8 * i + w)) & 1u) << (4 * w + i);
+            memcpy(p + 2 + 2 * one, &h, 4);
+        }
+        for (int v = 0; v < 4; v++)
+            MOVE(word(g + 32 * (1 + one) + 64, v, r), p + 6 + 2 * one + 4 * v, 4);
         break;
     }
     case T_Q8_0:

@@ -7,8 +7,8 @@
  * elements of each row. *
  * Numerics, per output y = x . w (x quantized per 32 as in cpu_quant.c: q, step dx, integer
  * sums qs16 per 16), blocks in order, each output in its own lane (no reduction):
- *   Q4_0  acc += float(sum u q - 8 qs32) * (d * dx)         Q8_0  the same with 128
- *   Q4_1  acc += float(sum u q) * (d * dx);  acc += m * (dx * float(qs32))
+ *   Q4_0  acc += float(sum u q - 8 qs32) * (d * dx)   Q5_0, Q8_0  the same with 16, 128
+ *   Q4_1  acc += float(sum u q) * (d * dx);  acc += m * (dx * float(qs32))   Q5_1  the same
  *   Q4_K  per sub-block j: acc += float(sum u q) * ((d * sc_j) * dx);
  *         acc += -(dmin * mn_j) * (dx * float(qs32))
  *   Q6_K  per sub-block of 32 (16-groups g, g + 1):
@@ -54,7 +54,7 @@ INL void group_tile(const int type, const int mrt, const uint8_t *grp, const int
                     v16f *acc) {
     const int64_t block = q_block(type), bb = q_r16_block_bytes(type);
     const v16i low4 = vi_bytes(0x0F), two = vi_bytes(3);
-    const int sgn = type == T_Q8_0 && R16_Q8_SIGNED;
+    const int sgn = type == T_Q8_0 && R16_Q8_SIGNED, q5 = type == T_Q5_0 || type == T_Q5_1;
     for (int64_t b = 0; b < k / block; b++) {
         const uint8_t *g = grp + b * bb;
         const int64_t e0 = b * block;
@@ -67,17 +67,27 @@ INL void group_tile(const int type, const int mrt, const uint8_t *grp, const int
                 for (int w = 0; w < 8; w++)
                     W[w] = sgn ? vi_xor(vi_load(g + 32 + 64 * w), vi_bytes((int8_t)0x80))
                                : vi_load(g + 32 + 64 * w);
-            else
-                nibbles4(g + (type == T_Q4_1 ? 64 : 32), W);
-            if (type == T_Q4_1) m = vf_half(g + 32);
+            else {  /* after d (and m): Q5's permuted fifth bits, then the nibbles */
+                const int64_t off = type == T_Q4_1 || type == T_Q5_1 ? 64 : 32;
+                nibbles4(g + off + (q5 ? 64 : 0), W);
+                if (q5) {  /* bit 8i + w of a lane goes to bit 4 of byte i of word w */
+                    const v16i h = vi_load(g + off), bit4 = vi_bytes(0x10);
+                    for (int w = 0; w < 8; w++)
+                        W[w] = vi_or(W[w], vi_and(w <= 4 ? vi_sll16(h, 4 - w)
+                                                         : vi_srl16(h, w - 4), bit4));
+                }
+            }
+            if (type == T_Q4_1 || type == T_Q5_1) m = vf_half(g + 32);
             for (int i = 0; i < mrt; i++) {
                 const float dx = xs[i * (kp / 4) + e0 / 4];
                 const int32_t qs = xi[i * gp + e0 / 16] + xi[i * gp + e0 / 16 + 1];
                 v16i s = dot8(W, xq + i * kp + e0, sgn);  /* the same integer either way */
                 if (type == T_Q4_0) s = vi_sub1(s, 8 * qs);
+                if (type == T_Q5_0) s = vi_sub1(s, 16 * qs);
                 if (type == T_Q8_0 && !sgn) s = vi_sub1(s, 128 * qs);
                 acc[i] = vf_fma(vf_cvt(s), vf_mul(d, vf_set1(dx)), acc[i]);
-                if (type == T_Q4_1) acc[i] = vf_fma(m, vf_set1(dx * (float)qs), acc[i]);
+                if (type == T_Q4_1 || type == T_Q5_1)
+                    acc[i] = vf_fma(m, vf_set1(dx * (float)qs), acc[i]);
             }
         } else if (type == T_Q4_K) {
             v16f d = vf_half(g), dmin = vf_half(g + 32);
@@ -161,7 +171,8 @@ INL void r16_pass(const int type, const int mrt, const uint8_t *grp, int nr, con
             }                                                                               \
         }                                                                                   \
     }
-R16_FOR(T_Q4_0) R16_FOR(T_Q4_1) R16_FOR(T_Q8_0) R16_FOR(T_Q4_K) R16_FOR(T_Q6_K)
+R16_FOR(T_Q4_0) R16_FOR(T_Q4_1) R16_FOR(T_Q5_0) R16_FOR(T_Q5_1) R16_FOR(T_Q8_0)
+R16_FOR(T_Q4_K) R16_FOR(T_Q6_K)
 
 void q_r16(int type, const uint8_t *grp, int nr, const int8_t *xq, const float *xs,
            const int32_t *xi, int64_t mr, int64_t k, int64_t kp, int64_t gp, const float *bias,
@@ -169,6 +180,8 @@ void q_r16(int type, const uint8_t *grp, int nr, const int8_t *xq, const float *
     switch (type) {
     case T_Q4_0: r16_T_Q4_0(grp, nr, xq, xs, xi, mr, k, kp, gp, bias, y, ldy); break;
     case T_Q4_1: r16_T_Q4_1(grp, nr, xq, xs, xi, mr, k, kp, gp, bias, y, ldy); break;
+    case T_Q5_0: r16_T_Q5_0(grp, nr, xq, xs, xi, mr, k, kp, gp, bias, y, ldy); break;
+    case T_Q5_1: r16_T_Q5_1(grp, nr, xq, xs, xi, mr, k, kp, gp, bias, y, ldy); break;
     case T_Q8_0: r16_T_Q8_0(grp, nr, xq, xs, xi, mr, k, kp, gp, bias, y, ldy); break;
     case T_Q4_K: r16_T_Q4_K(grp, nr, xq, xs, xi, mr, k, kp, gp, bias, y, ldy); break;
     case T_Q6_K: r16_T_Q6_K(grp, nr, xq, xs, xi, mr, k, kp, gp, bias, y, ldy); break;
