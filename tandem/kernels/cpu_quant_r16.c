@@ -39,45 +39,45 @@ INL v16i dot8(const v16i *W, const int8_t *x, int w_signed) {
 
 /* Words 0-3 the low nibbles of the 4 vectors at v, 4-7 their high nibbles (Q4_0/Q4_1: bytes
  * qs[4w..] hold elements 4w.. and 16 + 4w..). */
-INL void nibbles4(const uint8_t *v, v16i *W) {
+INL void nibbles4(const uint8_t *v, v16i *W, int h) {
     const v16i low4 = vi_bytes(0x0F);
     for (int w = 0; w < 4; w++) {
-        v16i q = vi_load(v + 64 * w);
+        v16i q = vi_load(v + 64 * w, h);
         W[w] = vi_and(q, low4);
         W[w + 4] = vi_and(vi_srl16(q, 4), low4);
     }
 }
 
 /* One group (16 rows) against mrt <= RM rows of x: acc [i] += every block's terms. */
-INL void group_tile(const int type, const int mrt, const uint8_t *grp, const int8_t *xq,
-                    const float *xs, const int32_t *xi, int64_t k, int64_t kp, int64_t gp,
-                    v16f *acc) {
+INL void group_tile(const int type, const int mrt, const int h, const uint8_t *grp,
+                    const int8_t *xq, const float *xs, const int32_t *xi, int64_t k, int64_t kp,
+                    int64_t gp, v16f *acc) {
     const int64_t block = q_block(type), bb = q_r16_block_bytes(type);
     const v16i low4 = vi_bytes(0x0F), two = vi_bytes(3);
     const int sgn = type == T_Q8_0 && R16_Q8_SIGNED, q5 = type == T_Q5_0 || type == T_Q5_1;
     for (int64_t b = 0; b < k / block; b++) {
         const uint8_t *g = grp + b * bb;
         const int64_t e0 = b * block;
-        for (int64_t o = 0; o < bb; o += 64)  /* PF blocks ahead, on into the next group */
+        for (int64_t o = 0; o < bb && h == 0; o += 64)  /* PF blocks ahead, into the next group */
             _mm_prefetch((const char *)(g + PF * bb + o), _MM_HINT_T0);
         if (block == 32) {
-            v16f d = vf_half(g), m = vf_zero();
+            v16f d = vf_half(g, h), m = vf_zero();
             v16i W[8];
             if (type == T_Q8_0)  /* u = q + 128; signed q back with R16_Q8_SIGNED */
                 for (int w = 0; w < 8; w++)
-                    W[w] = sgn ? vi_xor(vi_load(g + 32 + 64 * w), vi_bytes((int8_t)0x80))
-                               : vi_load(g + 32 + 64 * w);
+                    W[w] = sgn ? vi_xor(vi_load(g + 32 + 64 * w, h), vi_bytes((int8_t)0x80))
+                               : vi_load(g + 32 + 64 * w, h);
             else {  /* after d (and m): Q5's permuted fifth bits, then the nibbles */
                 const int64_t off = type == T_Q4_1 || type == T_Q5_1 ? 64 : 32;
-                nibbles4(g + off + (q5 ? 64 : 0), W);
+                nibbles4(g + off + (q5 ? 64 : 0), W, h);
                 if (q5) {  /* bit 8i + w of a lane goes to bit 4 of byte i of word w */
-                    const v16i h = vi_load(g + off), bit4 = vi_bytes(0x10);
+                    const v16i hb = vi_load(g + off, h), bit4 = vi_bytes(0x10);
                     for (int w = 0; w < 8; w++)
-                        W[w] = vi_or(W[w], vi_and(w <= 4 ? vi_sll16(h, 4 - w)
-                                                         : vi_srl16(h, w - 4), bit4));
+                        W[w] = vi_or(W[w], vi_and(w <= 4 ? vi_sll16(hb, 4 - w)
+                                                         : vi_srl16(hb, w - 4), bit4));
                 }
             }
-            if (type == T_Q4_1 || type == T_Q5_1) m = vf_half(g + 32);
+            if (type == T_Q4_1 || type == T_Q5_1) m = vf_half(g + 32, h);
             for (int i = 0; i < mrt; i++) {
                 const float dx = xs[i * (kp / 4) + e0 / 4];
                 const int32_t qs = xi[i * gp + e0 / 16] + xi[i * gp + e0 / 16 + 1];
@@ -90,17 +90,17 @@ INL void group_tile(const int type, const int mrt, const uint8_t *grp, const int
                     acc[i] = vf_fma(m, vf_set1(dx * (float)qs), acc[i]);
             }
         } else if (type == T_Q4_K) {
-            v16f d = vf_half(g), dmin = vf_half(g + 32);
+            v16f d = vf_half(g, h), dmin = vf_half(g + 32, h);
             for (int j = 0; j < 8; j++) {  /* qs bytes 32(j / 2)..: j even low, odd high */
                 const uint8_t *v = g + 320 + 512 * (j / 2);
                 const int64_t e = e0 + 32 * j;
                 v16i W[8];  /* loaded again for the high nibbles: held, they spilled */
                 for (int w = 0; w < 8; w++) {
-                    v16i q = vi_load(v + 64 * w);
+                    v16i q = vi_load(v + 64 * w, h);
                     W[w] = vi_and(j & 1 ? vi_srl16(q, 4) : q, low4);
                 }
-                v16f a = vf_mul(d, vf_cvt(vi_widen8(g + 64 + 16 * j, 0)));
-                v16f bm = vf_neg(vf_mul(dmin, vf_cvt(vi_widen8(g + 192 + 16 * j, 0))));
+                v16f a = vf_mul(d, vf_cvt(vi_widen8(g + 64 + 16 * j, 0, h)));
+                v16f bm = vf_neg(vf_mul(dmin, vf_cvt(vi_widen8(g + 192 + 16 * j, 0, h))));
                 for (int i = 0; i < mrt; i++) {
                     const float dx = xs[i * (kp / 4) + e / 4];
                     const int32_t qs = xi[i * gp + e / 16] + xi[i * gp + e / 16 + 1];
@@ -110,19 +110,20 @@ INL void group_tile(const int type, const int mrt, const uint8_t *grp, const int
                 }
             }
         } else {  /* T_Q6_K: sub-block j = elements 32j..: half n, quarter r (as ggml's order) */
-            v16f d = vf_half(g);
+            v16f d = vf_half(g, h);
             const uint8_t *ql = g + 288, *qh = g + 288 + 2048;
             for (int j = 0; j < 8; j++) {
                 const int n = j / 4, r = j % 4;
                 const int64_t e = e0 + 32 * j;
                 v16i W[8];
                 for (int w = 0; w < 8; w++) {
-                    v16i l = vi_load(ql + 64 * (16 * n + 8 * (r & 1) + w));
-                    v16i hb = vi_and(vi_srl16(vi_load(qh + 64 * (8 * n + w)), 2 * r), two);
+                    v16i l = vi_load(ql + 64 * (16 * n + 8 * (r & 1) + w), h);
+                    v16i hb = vi_and(vi_srl16(vi_load(qh + 64 * (8 * n + w), h), 2 * r), two);
                     W[w] = vi_or(vi_and(r >= 2 ? vi_srl16(l, 4) : l, low4), vi_sll16(hb, 4));
                 }
                 /* words 0-3: elements 0-15 (group 2j, its scale sc0), 4-7: 16-31 (2j + 1) */
-                v16i sc0 = vi_widen8(g + 32 + 32 * j, 1), sc1 = vi_widen8(g + 48 + 32 * j, 1);
+                v16i sc0 = vi_widen8(g + 32 + 32 * j, 1, h);
+                v16i sc1 = vi_widen8(g + 48 + 32 * j, 1, h);
                 for (int i = 0; i < mrt; i++) {
                     const int8_t *x = xq + i * kp + e;
                     const float dx = xs[i * (kp / 4) + e / 4];
@@ -144,11 +145,15 @@ INL void group_tile(const int type, const int mrt, const uint8_t *grp, const int
 INL void r16_pass(const int type, const int mrt, const uint8_t *grp, int nr, const int8_t *xq,
                   const float *xs, const int32_t *xi, int64_t k, int64_t kp, int64_t gp,
                   const float *bias, float *y, int64_t ldy) {
-    v16f acc[RM];
-    for (int i = 0; i < mrt; i++) acc[i] = vf_zero();
-    group_tile(type, mrt, grp, xq, xs, xi, k, kp, gp, acc);
-    v16f bv = bias ? vf_load_n(bias, nr) : vf_zero();
-    for (int i = 0; i < mrt; i++) vf_store_n(y + i * ldy, bias ? vf_add(acc[i], bv) : acc[i], nr);
+    for (int h = 0; h < R16_HALVES; h++) {  /* AVX2: rows 0-7, then 8-15 (registers for 8) */
+        if (8 * h >= nr) break;
+        v16f acc[RM];
+        for (int i = 0; i < mrt; i++) acc[i] = vf_zero();
+        group_tile(type, mrt, h, grp, xq, xs, xi, k, kp, gp, acc);
+        v16f bv = bias ? vf_load_n(bias, nr, h) : vf_zero();
+        for (int i = 0; i < mrt; i++)
+            vf_store_n(y + i * ldy, bias ? vf_add(acc[i], bv) : acc[i], nr, h);
+    }
 }
 
 /* One copy per type and pass height (1-RM x rows), the switches folded away. */

@@ -1,7 +1,8 @@
-/* 16 lanes, one per interleaved weight row, for cpu_quant_r16.c: one AVX-512 register, or two
- * AVX2 halves (rows 0-7, 8-15). Each lane's operations are the same IEEE operations on either
- * (convert, multiply, fused multiply-add; integer sums exact), so both builds give a row the
- * same bits. */
+/* 16 lanes, one per interleaved weight row, for cpu_quant_r16.c: one AVX-512 register, or, with
+ * AVX2, 8 lanes a register in two passes over the rows (0-7, then 8-15: R16_HALVES; a load's h
+ * picks the half, so 16 ymm registers hold one pass's weights and sums with few spills). Each
+ * lane's operations are the same IEEE operations on either (convert, multiply, fused
+ * multiply-add; integer sums exact), so both builds give a row the same bits. */
 #ifndef TANDEM_QUANT_R16_VEC_H
 #define TANDEM_QUANT_R16_VEC_H
 #include "quant_format.h"
@@ -10,10 +11,11 @@
 #define INL static inline __attribute__((always_inline))
 
 #if STEP == 64
+#define R16_HALVES 1
 #define R16_Q8_SIGNED 0 /* Q8_0 as u = q + 128 (vpdpbusd takes 0-255), minus 128 sum x after */
 typedef __m512i v16i; /* 64 bytes, or 16 int32 */
 typedef __m512 v16f;
-INL v16i vi_load(const uint8_t *p) { return _mm512_loadu_si512(p); }
+INL v16i vi_load(const uint8_t *p, int h) { (void)h; return _mm512_loadu_si512(p); }
 INL v16i vi_bytes(int8_t b) { return _mm512_set1_epi8(b); }
 INL v16i vi_and(v16i a, v16i b) { return _mm512_and_si512(a, b); }
 INL v16i vi_or(v16i a, v16i b) { return _mm512_or_si512(a, b); }
@@ -24,7 +26,8 @@ INL v16i vi_add(v16i a, v16i b) { return _mm512_add_epi32(a, b); }
 INL v16i vi_sub1(v16i a, int32_t b) { return _mm512_sub_epi32(a, _mm512_set1_epi32(b)); }
 INL v16i vi_mul(v16i a, v16i b) { return _mm512_mullo_epi32(a, b); }
 /* 16 int8 or uint8 at p, one a lane. */
-INL v16i vi_widen8(const uint8_t *p, int is_signed) {
+INL v16i vi_widen8(const uint8_t *p, int is_signed, int h) {
+    (void)h;
     __m128i b = _mm_loadu_si128((const __m128i *)p);
     return is_signed ? _mm512_cvtepi8_epi32(b) : _mm512_cvtepu8_epi32(b);
 }
@@ -44,87 +47,74 @@ INL v16f vf_mul(v16f a, v16f b) { return _mm512_mul_ps(a, b); }
 INL v16f vf_add(v16f a, v16f b) { return _mm512_add_ps(a, b); }
 INL v16f vf_fma(v16f a, v16f b, v16f c) { return _mm512_fmadd_ps(a, b, c); }
 INL v16f vf_neg(v16f a) { return _mm512_xor_ps(_mm512_set1_ps(-0.0f), a); }
-INL v16f vf_half(const uint8_t *p) { /* 16 float16 */
+INL v16f vf_half(const uint8_t *p, int h) { /* 16 float16 */
+    (void)h;
     return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
 }
-INL v16f vf_load_n(const float *p, int n) {
+INL v16f vf_load_n(const float *p, int n, int h) {
+    (void)h;
     return _mm512_maskz_loadu_ps((__mmask16)((1u << n) - 1), p);
 }
-INL void vf_store_n(float *p, v16f v, int n) {
+INL void vf_store_n(float *p, v16f v, int n, int h) {
+    (void)h;
     _mm512_mask_storeu_ps(p, (__mmask16)((1u << n) - 1), v);
 }
 
-#else /* AVX2: two halves */
+#else /* AVX2: 8 lanes a register, the 16 rows in two passes (rows 0-7, then 8-15) */
+#define R16_HALVES 2
 #define R16_Q8_SIGNED 1 /* Q8_0 as signed q (vpmaddubsw pairs of 255 * 127 would saturate) */
-typedef struct { __m256i h[2]; } v16i;
-typedef struct { __m256 h[2]; } v16f;
-#define EACH(expr) for (int q_ = 0; q_ < 2; q_++) r.h[q_] = (expr)
-INL v16i vi_load(const uint8_t *p) {
-    v16i r;
-    EACH(_mm256_loadu_si256((const __m256i *)(p + 32 * q_)));
-    return r;
+typedef __m256i v16i;
+typedef __m256 v16f;
+INL v16i vi_load(const uint8_t *p, int h) {
+    return _mm256_loadu_si256((const __m256i *)(p + 32 * h));
 }
-INL v16i vi_bytes(int8_t b) { v16i r; EACH(_mm256_set1_epi8(b)); return r; }
-INL v16i vi_and(v16i a, v16i b) { v16i r; EACH(_mm256_and_si256(a.h[q_], b.h[q_])); return r; }
-INL v16i vi_or(v16i a, v16i b) { v16i r; EACH(_mm256_or_si256(a.h[q_], b.h[q_])); return r; }
-INL v16i vi_xor(v16i a, v16i b) { v16i r; EACH(_mm256_xor_si256(a.h[q_], b.h[q_])); return r; }
-INL v16i vi_srl16(v16i a, int n) { v16i r; EACH(_mm256_srli_epi16(a.h[q_], n)); return r; }
-INL v16i vi_sll16(v16i a, int n) { v16i r; EACH(_mm256_slli_epi16(a.h[q_], n)); return r; }
-INL v16i vi_zero(void) { v16i r; EACH(_mm256_setzero_si256()); return r; }
-INL v16i vi_add(v16i a, v16i b) { v16i r; EACH(_mm256_add_epi32(a.h[q_], b.h[q_])); return r; }
-INL v16i vi_sub1(v16i a, int32_t b) {
-    v16i r;
-    EACH(_mm256_sub_epi32(a.h[q_], _mm256_set1_epi32(b)));
-    return r;
-}
-INL v16i vi_mul(v16i a, v16i b) { v16i r; EACH(_mm256_mullo_epi32(a.h[q_], b.h[q_])); return r; }
-INL v16i vi_widen8(const uint8_t *p, int is_signed) {
-    v16i r;
-    EACH(is_signed ? _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p + 8 * q_)))
-                   : _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p + 8 * q_))));
-    return r;
+INL v16i vi_bytes(int8_t b) { return _mm256_set1_epi8(b); }
+INL v16i vi_and(v16i a, v16i b) { return _mm256_and_si256(a, b); }
+INL v16i vi_or(v16i a, v16i b) { return _mm256_or_si256(a, b); }
+INL v16i vi_xor(v16i a, v16i b) { return _mm256_xor_si256(a, b); }
+INL v16i vi_srl16(v16i a, int n) { return _mm256_srli_epi16(a, n); }
+INL v16i vi_sll16(v16i a, int n) { return _mm256_slli_epi16(a, n); }
+INL v16i vi_zero(void) { return _mm256_setzero_si256(); }
+INL v16i vi_add(v16i a, v16i b) { return _mm256_add_epi32(a, b); }
+INL v16i vi_sub1(v16i a, int32_t b) { return _mm256_sub_epi32(a, _mm256_set1_epi32(b)); }
+INL v16i vi_mul(v16i a, v16i b) { return _mm256_mullo_epi32(a, b); }
+INL v16i vi_widen8(const uint8_t *p, int is_signed, int h) {
+    __m128i b = _mm_loadl_epi64((const __m128i *)(p + 8 * h));
+    return is_signed ? _mm256_cvtepi8_epi32(b) : _mm256_cvtepu8_epi32(b);
 }
 /* vpmaddubsw pairs then vpmaddwd: exact while a pair stays within int16, which holds for
  * u <= 63 and for |q| <= 128 (the sign trick). */
 INL v16i vi_dot4(v16i acc, v16i w, const int8_t *x, int w_signed) {
     int32_t v;
     memcpy(&v, x, 4);
-    const __m256i xv = _mm256_set1_epi32(v), ones = _mm256_set1_epi16(1);
-    v16i r;
-    EACH(_mm256_add_epi32(acc.h[q_], _mm256_madd_epi16(
-        w_signed ? _mm256_maddubs_epi16(_mm256_abs_epi8(w.h[q_]), _mm256_sign_epi8(xv, w.h[q_]))
-                 : _mm256_maddubs_epi16(w.h[q_], xv), ones)));
-    return r;
+    const __m256i xv = _mm256_set1_epi32(v);
+    const __m256i p = w_signed ? _mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(xv, w))
+                               : _mm256_maddubs_epi16(w, xv);
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(p, _mm256_set1_epi16(1)));
 }
-INL v16f vf_zero(void) { v16f r; EACH(_mm256_setzero_ps()); return r; }
-INL v16f vf_set1(float f) { v16f r; EACH(_mm256_set1_ps(f)); return r; }
-INL v16f vf_cvt(v16i a) { v16f r; EACH(_mm256_cvtepi32_ps(a.h[q_])); return r; }
-INL v16f vf_mul(v16f a, v16f b) { v16f r; EACH(_mm256_mul_ps(a.h[q_], b.h[q_])); return r; }
-INL v16f vf_add(v16f a, v16f b) { v16f r; EACH(_mm256_add_ps(a.h[q_], b.h[q_])); return r; }
-INL v16f vf_fma(v16f a, v16f b, v16f c) {
-    v16f r;
-    EACH(_mm256_fmadd_ps(a.h[q_], b.h[q_], c.h[q_]));
-    return r;
+INL v16f vf_zero(void) { return _mm256_setzero_ps(); }
+INL v16f vf_set1(float f) { return _mm256_set1_ps(f); }
+INL v16f vf_cvt(v16i a) { return _mm256_cvtepi32_ps(a); }
+INL v16f vf_mul(v16f a, v16f b) { return _mm256_mul_ps(a, b); }
+INL v16f vf_add(v16f a, v16f b) { return _mm256_add_ps(a, b); }
+INL v16f vf_fma(v16f a, v16f b, v16f c) { return _mm256_fmadd_ps(a, b, c); }
+INL v16f vf_neg(v16f a) { return _mm256_xor_ps(_mm256_set1_ps(-0.0f), a); }
+INL v16f vf_half(const uint8_t *p, int h) {
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 16 * h)));
 }
-INL v16f vf_neg(v16f a) { v16f r; EACH(_mm256_xor_ps(_mm256_set1_ps(-0.0f), a.h[q_])); return r; }
-INL v16f vf_half(const uint8_t *p) {
-    v16f r;
-    EACH(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 16 * q_))));
-    return r;
+/* Lanes 8h.. of the first n (<= 16) floats at p, the rest zero; and the same lanes stored. */
+INL v16f vf_load_n(const float *p, int n, int h) {
+    float t[8] = {0};
+    int c = n - 8 * h;
+    if (c > 0) memcpy(t, p + 8 * h, sizeof(float) * (size_t)(c < 8 ? c : 8));
+    return _mm256_loadu_ps(t);
 }
-INL v16f vf_load_n(const float *p, int n) {
-    float t[16] = {0};
-    memcpy(t, p, sizeof(float) * (size_t)n);
-    v16f r;
-    EACH(_mm256_loadu_ps(t + 8 * q_));
-    return r;
+INL void vf_store_n(float *p, v16f v, int n, int h) {
+    float t[8];
+    int c = n - 8 * h;
+    _mm256_storeu_ps(t, v);
+    if (c > 0) memcpy(p + 8 * h, t, sizeof(float) * (size_t)(c < 8 ? c : 8));
 }
-INL void vf_store_n(float *p, v16f v, int n) {
-    float t[16];
-    _mm256_storeu_ps(t, v.h[0]), _mm256_storeu_ps(t + 8, v.h[1]);
-    memcpy(p, t, sizeof(float) * (size_t)n);
-}
-#undef EACH
 #endif
 
 #undef INL
