@@ -47,8 +47,10 @@ def run_model(model: nn.Module, batch: ForwardBatch, block_size: int,
                                     block_size, batch.input_ids.device)
     with forward_context(meta), torch.inference_mode():
         hidden = model(batch.input_ids, batch.positions)          # [T, hidden]
-        # index_select, not fancy indexing: the latter is several times slower on CPU.
-        return model.compute_logits(hidden.index_select(0, logits_rows)).float()  # [N, vocab]
+        # index_select, not fancy indexing: the latter is several times slower on CPU. Callers
+        # build the row list on the host; on CUDA it must follow the hidden states there.
+        rows = logits_rows.to(hidden.device, non_blocking=True)
+        return model.compute_logits(hidden.index_select(0, rows)).float()  # [N, vocab]
 
 
 def make_batch(token_ids: list[list[int]], starts: list[int], block_tables: list[list[int]],
