@@ -77,9 +77,10 @@ def _attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, g: At
             n, hkv, rep * qmax, d)
         og = F.scaled_dot_product_attention(qg, kg, vg, scale=scale,
                                             attn_mask=g.mask(sliding_window, rep, q.dtype))
+        # reshape, not view: SDPA may return a non-contiguous layout (CUDA's float32 kernel does)
         if qmax == 1:
-            return og.view(n, h, d)
-        return og.view(n, hkv, rep, qmax, d).permute(0, 3, 1, 2, 4).reshape(n * qmax, h, d)
+            return og.reshape(n, h, d)
+        return og.reshape(n, hkv, rep, qmax, d).permute(0, 3, 1, 2, 4).reshape(n * qmax, h, d)
     qg = qg.view(n, qmax, h, d).transpose(1, 2)  # [G, H, Qmax, D]
     gqa = h != hkv
     if g.full_causal and sliding_window is None:
