@@ -8,11 +8,17 @@ refusal here is an error, never a silent detour.
 
 from __future__ import annotations
 
+import ctypes
+import mmap
+import sys
 from typing import Optional
 
 import torch
 
 from tandem.kernels import cpu
+
+_libc = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
+_PAGE = mmap.PAGESIZE
 
 # ggml type ids (gguf.GGMLQuantizationType) that the kernels multiply as they are.
 KERNEL_TYPES = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "Q4_K": 12, "Q5_K": 13,
@@ -73,21 +79,45 @@ def dequantize_rows(ggml_type: int, data: torch.Tensor, ids: torch.Tensor, k: in
 R16 = 0x100  # in a descriptor's type: rows interleaved 16 at a time (cpu_quant_pack.c)
 
 
-def pack_r16(ggml_type: int, data: torch.Tensor, k: int) -> Optional[torch.Tensor]:
+_SLICE_ROWS = 16 * 256  # rows packed at a time where the source pages are given back
+
+
+def pack_r16(ggml_type: int, data: torch.Tensor, k: int,
+             release_source: bool = False) -> Optional[torch.Tensor]:
     """Rows (uint8 [rows, row bytes]) interleaved 16 at a time, uint8 [ceil(rows / 16), group
     bytes], for the kernels that read that layout; None where this build has none for the
-    type (then the rows stay as they are)."""
+    type (then the rows stay as they are). `release_source`: `data` is a clean mapping of a
+    file that nothing wrote to (a GGUF tensor), so each slice's pages are given back once it
+    is packed; the mapped bytes and their copy then never coexist whole (a 178 MB embedding
+    table added its size to the peak of a load), and a page read again comes from the file."""
     lib = _lib()
     group_bytes = lib.tandem_q_r16_bytes(ggml_type, k)
     if group_bytes == 0:
         return None
     data = data.contiguous()
-    out = torch.empty((data.shape[0] + 15) // 16, group_bytes, dtype=torch.uint8)
-    rc = lib.tandem_q_r16_pack(ggml_type, data.data_ptr(), data.shape[0], data.shape[1], k,
-                               out.data_ptr())
-    if rc != 0:
-        raise RuntimeError(f"ggml type {ggml_type} rows of {k} elements cannot be interleaved")
+    rows = data.shape[0]
+    out = torch.empty((rows + 15) // 16, group_bytes, dtype=torch.uint8)
+    step = _SLICE_ROWS if release_source else max(rows, 1)
+    for r0 in range(0, rows, step):
+        part = data.narrow(0, r0, min(step, rows - r0))
+        rc = lib.tandem_q_r16_pack(ggml_type, part.data_ptr(), part.shape[0], part.shape[1], k,
+                                   out[r0 // 16].data_ptr())
+        if rc != 0:
+            raise RuntimeError(f"ggml type {ggml_type} rows of {k} elements cannot be "
+                               "interleaved")
+        if release_source:
+            _drop_pages(part)
     return out
+
+
+def _drop_pages(t: torch.Tensor) -> None:
+    """madvise(MADV_DONTNEED) over the whole pages inside t's bytes (Linux; elsewhere nothing)."""
+    if _libc is None:
+        return
+    start, end = t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()
+    first, last = -(-start // _PAGE) * _PAGE, end // _PAGE * _PAGE
+    if last > first:
+        _libc.madvise(ctypes.c_void_p(first), ctypes.c_size_t(last - first), 4)  # DONTNEED
 
 
 def quantize(x: torch.Tensor, ggml_type: int) -> torch.Tensor:

@@ -54,11 +54,13 @@ def build_mode() -> Optional[str]:
 
 @dataclass
 class RawQuant:
-    """Rows of a GGUF tensor in its blocks: data uint8 [rows, bytes per row] of `ggml_type`."""
+    """Rows of a GGUF tensor in its blocks: data uint8 [rows, bytes per row] of `ggml_type`.
+    `mapped`: data is the file's own mapping, never written (its pages may be given back)."""
     ggml_type: int
     data: torch.Tensor
     cols: int
     type_name: str
+    mapped: bool = False
 
     @property
     def rows(self) -> int:
@@ -69,7 +71,7 @@ class RawQuant:
 
     def narrow(self, start: int, length: int) -> RawQuant:
         return RawQuant(self.ggml_type, self.data.narrow(0, start, length), self.cols,
-                        self.type_name)
+                        self.type_name, self.mapped)
 
     @property
     def has_kernel(self) -> bool:
@@ -121,7 +123,7 @@ def _layout() -> str:
 def _packed(s: Segment, layout: str) -> Segment:
     if isinstance(s, PackedQuant) or layout != "interleaved":
         return s
-    data = quant.pack_r16(s.ggml_type, s.data, s.cols)
+    data = quant.pack_r16(s.ggml_type, s.data, s.cols, release_source=s.mapped)
     if data is None:
         return RawQuant(s.ggml_type, s.data.contiguous(), s.cols, s.type_name)
     return PackedQuant(s.ggml_type, data, s.rows, s.cols, s.type_name, s.data.shape[1])

@@ -219,7 +219,7 @@ def iter_gguf_tensors(path: str | Path, config: PretrainedConfig,
         if keep_quantized and len(info.shape) == 2 and info.ggml_type != GGMLQuantizationType.F32:
             _check_type(gf, info)
             raw = RawQuant(info.ggml_type, raw_tensor(gf, info), info.shape[1],
-                           GGMLQuantizationType(info.ggml_type).name)
+                           GGMLQuantizationType(info.ggml_type).name, mapped=True)
             if heads is not None:  # rows are independent in every block format
                 order = _unpermute_rows(torch.arange(info.shape[0]), heads)
                 raw = raw.take_rows(order)
@@ -243,8 +243,8 @@ def _expert_tensors(gf: GGUFFile, info: GGUFTensorInfo, layer: int, part: str,
     names = [f"model.layers.{layer}.mlp.experts.{e}.{part}.weight" for e in range(experts)]
     if keep_quantized and info.ggml_type != GGMLQuantizationType.F32:
         _check_type(gf, info)
-        raw = RawQuant(info.ggml_type, raw_tensor(gf, info), cols,
-                       GGMLQuantizationType(info.ggml_type).name)  # [E * rows] rows of blocks
+        raw = RawQuant(info.ggml_type, raw_tensor(gf, info), cols,  # [E * rows] rows of blocks
+                       GGMLQuantizationType(info.ggml_type).name, mapped=True)
         for e, name in enumerate(names):
             yield name, raw.narrow(e * rows, rows)
         return

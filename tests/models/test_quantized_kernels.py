@@ -188,3 +188,21 @@ def test_interleaved_rows_get_the_same_bits_from_avx2_and_avx512(native_library,
                 pytest.skip("a build here keeps rows in GGUF's order")
             outs.append(torch.cat([w.matmul(x, bias), w.matmul(x[:1], bias)]))
         assert torch.equal(outs[0], outs[1]), name
+
+
+def test_packing_a_mapped_file_gives_its_pages_back_and_the_same_bytes(fused, tmp_path,
+                                                                        monkeypatch):
+    """A GGUF tensor is packed slice by slice and each slice's file pages are given back
+    (madvise DONTNEED): the packed bytes equal those of an in-memory copy, and the mapping
+    still reads the file's bytes afterwards (pages come back from the file)."""
+    raw = random_blocks("Q4_1", 200, 4096, seed=5)  # 2,560 bytes a row: slices span pages
+    path = tmp_path / "blocks.bin"
+    path.write_bytes(raw.numpy().tobytes())
+    mapped = torch.from_numpy(np.memmap(path, dtype=np.uint8, mode="c", shape=raw.shape))
+    expected = quant.pack_r16(quant.KERNEL_TYPES["Q4_1"], raw.clone(), 4096)
+    if expected is None:
+        pytest.skip("this build keeps rows in GGUF's order")
+    monkeypatch.setattr(quant, "_SLICE_ROWS", 48)
+    packed = quant.pack_r16(quant.KERNEL_TYPES["Q4_1"], mapped, 4096, release_source=True)
+    assert torch.equal(packed, expected)
+    assert torch.equal(mapped, raw)
