@@ -33,6 +33,7 @@ from tandem.layers.quantized import QuantizedWeight, RawQuant  # noqa: E402
 
 # byte offsets of each block's float16 scales (every other byte may be anything)
 _F16_AT = {"Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "Q8_0": (0,), "Q4_K": (0, 2),
+           "Q5_K": (0, 2),
            "Q6_K": (208,)}
 
 

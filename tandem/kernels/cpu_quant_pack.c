@@ -13,9 +13,11 @@
  *   Q5_1  [d][m][qh' 64][qs as Q4_0]                                        384 = 16 x 24
  *   Q8_0  [d][qs 8 x 64, each byte q + 128]                                 544 = 16 x 34
  *   Q4_K  [d][dmin][scale 8 x 16][min 8 x 16][qs 32 x 64]                 2368 = 16 x 148
+ *   Q5_K  [d][dmin][scale][min][qh' 8 x 64: sub-block j's][qs 32 x 64]      2880 = 16 x 180
  *   Q6_K  [d][scale 16 x 16 (int8)][ql 32 x 64][qh 16 x 64]               3360 = 16 x 210
  * ([X 16 x 16]: X of group or sub-block g for row r at 16 g + r.) Q5's 32 fifth bits (qh, bit e
- * for element e) are permuted per row so that the kernel puts them in place by one shift:
+ * for element e; Q5_K: those of each sub-block of 32) are permuted per row so that the kernel
+ * puts them in place by one shift:
  * qh' bit 8i + w = the fifth bit of the element in byte i of word w, which is element 4w + i
  * (words 0-3 the qs bytes' low nibbles, 4-7 their high nibbles). Rows past the tensor's end
  * are zero (scale 0: they add nothing and are never stored).
@@ -32,6 +34,7 @@ int64_t q_r16_block_bytes(int type) {
     case T_Q5_1: return 16 * 24;
     case T_Q8_0: return 16 * 34;
     case T_Q4_K: return 16 * 148;
+    case T_Q5_K: return 16 * 180;
     case T_Q6_K: return 16 * 210;
     default: return 0;
     }
@@ -47,6 +50,40 @@ int64_t tandem_q_r16_bytes(int type, int64_t k) {
 
 /* 4-byte words: word w of row r within a run of 64-byte vectors at v. */
 static inline uint8_t *word(uint8_t *v, int64_t w, int r) { return v + 64 * w + 4 * r; }
+
+/* Q5's fifth bits of 32 elements, bit e for element e <-> bit 8i + w for element 4w + i. */
+static uint32_t q5_spread(uint32_t h) {
+    uint32_t out = 0;
+    for (int w = 0; w < 8; w++)
+        for (int i = 0; i < 4; i++) out |= ((h >> (4 * w + i)) & 1u) << (8 * i + w);
+    return out;
+}
+static uint32_t q5_gather(uint32_t hp) {
+    uint32_t out = 0;
+    for (int w = 0; w < 8; w++)
+        for (int i = 0; i < 4; i++) out |= ((hp >> (8 * i + w)) & 1u) << (4 * w + i);
+    return out;
+}
+
+/* A K-quant's d, dmin and 6-bit scales and mins (at p + 4) <-> bytes in the group block. */
+static void k_heads(uint8_t *p, uint8_t *g, int r, int to_group) {
+    if (to_group) {
+        memcpy(g + 2 * r, p, 2), memcpy(g + 32 + 2 * r, p + 2, 2);
+        for (int j = 0; j < 8; j++) {
+            int sc, mn;
+            k_scale_min(p + 4, j, &sc, &mn);
+            g[64 + 16 * j + r] = (uint8_t)sc, g[192 + 16 * j + r] = (uint8_t)mn;
+        }
+        return;
+    }
+    memcpy(p, g + 2 * r, 2), memcpy(p + 2, g + 32 + 2 * r, 2);
+    const uint8_t *sc = g + 64 + r, *mn = g + 192 + r;  /* k_scale_min's packing, inverted */
+    for (int j = 0; j < 4; j++) {
+        p[4 + j] = (uint8_t)(sc[16 * j] | (sc[16 * (j + 4)] >> 4) << 6);
+        p[8 + j] = (uint8_t)(mn[16 * j] | (mn[16 * (j + 4)] >> 4) << 6);
+        p[12 + j] = (uint8_t)((sc[16 * (j + 4)] & 15) | (mn[16 * (j + 4)] & 15) << 4);
+    }
+}
 
 /* One block of row r: original bytes p <-> group block g; to_group picks the direction. */
 static void move_block(int type, uint8_t *p, uint8_t *g, int r, int to_group) {
@@ -68,18 +105,14 @@ static void move_block(int type, uint8_t *p, uint8_t *g, int r, int to_group) {
         uint8_t *qh = g + 32 * (1 + one) + 4 * r;
         MOVE(g + 2 * r, p, 2);
         if (one) MOVE(g + 32 + 2 * r, p + 2, 2);
-        uint32_t h, hp = 0;
+        uint32_t h, hp;
         if (to_group) {
             memcpy(&h, p + 2 + 2 * one, 4);
-            for (int w = 0; w < 8; w++)
-                for (int i = 0; i < 4; i++)
-                    hp |= ((h >> (4 * w + i)) & 1u) << (8 * i + w);
+            hp = q5_spread(h);
             memcpy(qh, &hp, 4);
         } else {
             memcpy(&hp, qh, 4);
-            h = 0;
-            for (int w = 0; w < 8; w++)
-                for (int i = 0; i < 4; i++) h |= ((hp >> (8 * i + w)) & 1u) << (4 * w + i);
+            h = q5_gather(hp);
             memcpy(p + 2 + 2 * one, &h, 4);
         }
         for (int v = 0; v < 4; v++)
@@ -96,26 +129,27 @@ static void move_block(int type, uint8_t *p, uint8_t *g, int r, int to_group) {
             }
         }
         break;
-    case T_Q4_K: {
-        MOVE(g + 2 * r, p, 2);
-        MOVE(g + 32 + 2 * r, p + 2, 2);
-        if (to_group) {
-            for (int j = 0; j < 8; j++) {
-                int sc, mn;
-                k_scale_min(p + 4, j, &sc, &mn);
-                g[64 + 16 * j + r] = (uint8_t)sc, g[192 + 16 * j + r] = (uint8_t)mn;
-            }
-        } else {  /* k_scale_min's packing, inverted */
-            const uint8_t *sc = g + 64 + r, *mn = g + 192 + r;
-            for (int j = 0; j < 4; j++) {
-                p[4 + j] = (uint8_t)(sc[16 * j] | (sc[16 * (j + 4)] >> 4) << 6);
-                p[8 + j] = (uint8_t)(mn[16 * j] | (mn[16 * (j + 4)] >> 4) << 6);
-                p[12 + j] = (uint8_t)((sc[16 * (j + 4)] & 15) | (mn[16 * (j + 4)] & 15) << 4);
-            }
-        }
+    case T_Q4_K:
+        k_heads(p, g, r, to_group);
         for (int v = 0; v < 32; v++) MOVE(word(g + 320, v, r), p + 16 + 4 * v, 4);
         break;
-    }
+    case T_Q5_K:  /* qh [32] at p + 16: byte l bit j is element 32 j + l's fifth bit */
+        k_heads(p, g, r, to_group);
+        for (int j = 0; j < 8; j++) {
+            uint8_t *qh = g + 320 + 64 * j + 4 * r;
+            uint32_t h = 0, hp;
+            if (to_group) {
+                for (int l = 0; l < 32; l++) h |= (uint32_t)((p[16 + l] >> j) & 1) << l;
+                hp = q5_spread(h);
+                memcpy(qh, &hp, 4);
+            } else {
+                memcpy(&hp, qh, 4);
+                h = q5_gather(hp);
+                for (int l = 0; l < 32; l++) p[16 + l] |= (uint8_t)(((h >> l) & 1) << j);
+            }
+        }
+        for (int v = 0; v < 32; v++) MOVE(word(g + 832, v, r), p + 48 + 4 * v, 4);
+        break;
     case T_Q6_K:
         MOVE(g + 2 * r, p + 208, 2);
         for (int s = 0; s < 16; s++) MOVE(g + 32 + 16 * s + r, p + 192 + s, 1);

@@ -10,7 +10,7 @@
  *   Q4_0  acc += float(sum u q - 8 qs32) * (d * dx)   Q5_0, Q8_0  the same with 16, 128
  *   Q4_1  acc += float(sum u q) * (d * dx);  acc += m * (dx * float(qs32))   Q5_1  the same
  *   Q4_K  per sub-block j: acc += float(sum u q) * ((d * sc_j) * dx);
- *         acc += -(dmin * mn_j) * (dx * float(qs32))
+ *         acc += -(dmin * mn_j) * (dx * float(qs32))              Q5_K  the same
  *   Q6_K  per sub-block of 32 (16-groups g, g + 1):
  *         acc += float(sc_g (sum_g u q - 32 qs16_g) + sc_g+1 (...)) * (d * dx)
  * (each * and + one float32 rounding, FMAs fused). Every output is computed by this one
@@ -89,15 +89,22 @@ INL void group_tile(const int type, const int mrt, const int h, const uint8_t *g
                 if (type == T_Q4_1 || type == T_Q5_1)
                     acc[i] = vf_fma(m, vf_set1(dx * (float)qs), acc[i]);
             }
-        } else if (type == T_Q4_K) {
+        } else if (type == T_Q4_K || type == T_Q5_K) {
+            const int k5 = type == T_Q5_K;  /* + sub-block j's fifth bits at 320 + 64 j */
             v16f d = vf_half(g, h), dmin = vf_half(g + 32, h);
             for (int j = 0; j < 8; j++) {  /* qs bytes 32(j / 2)..: j even low, odd high */
-                const uint8_t *v = g + 320 + 512 * (j / 2);
+                const uint8_t *v = g + (k5 ? 832 : 320) + 512 * (j / 2);
                 const int64_t e = e0 + 32 * j;
                 v16i W[8];  /* loaded again for the high nibbles: held, they spilled */
                 for (int w = 0; w < 8; w++) {
                     v16i q = vi_load(v + 64 * w, h);
                     W[w] = vi_and(j & 1 ? vi_srl16(q, 4) : q, low4);
+                }
+                if (k5) {  /* as Q5_0's */
+                    const v16i hb = vi_load(g + 320 + 64 * j, h), bit4 = vi_bytes(0x10);
+                    for (int w = 0; w < 8; w++)
+                        W[w] = vi_or(W[w], vi_and(w <= 4 ? vi_sll16(hb, 4 - w)
+                                                         : vi_srl16(hb, w - 4), bit4));
                 }
                 v16f a = vf_mul(d, vf_cvt(vi_widen8(g + 64 + 16 * j, 0, h)));
                 v16f bm = vf_neg(vf_mul(dmin, vf_cvt(vi_widen8(g + 192 + 16 * j, 0, h))));
@@ -177,7 +184,7 @@ INL void r16_pass(const int type, const int mrt, const uint8_t *grp, int nr, con
         }                                                                                   \
     }
 R16_FOR(T_Q4_0) R16_FOR(T_Q4_1) R16_FOR(T_Q5_0) R16_FOR(T_Q5_1) R16_FOR(T_Q8_0)
-R16_FOR(T_Q4_K) R16_FOR(T_Q6_K)
+R16_FOR(T_Q4_K) R16_FOR(T_Q5_K) R16_FOR(T_Q6_K)
 
 void q_r16(int type, const uint8_t *grp, int nr, const int8_t *xq, const float *xs,
            const int32_t *xi, int64_t mr, int64_t k, int64_t kp, int64_t gp, const float *bias,
@@ -189,6 +196,7 @@ void q_r16(int type, const uint8_t *grp, int nr, const int8_t *xq, const float *
     case T_Q5_1: r16_T_Q5_1(grp, nr, xq, xs, xi, mr, k, kp, gp, bias, y, ldy); break;
     case T_Q8_0: r16_T_Q8_0(grp, nr, xq, xs, xi, mr, k, kp, gp, bias, y, ldy); break;
     case T_Q4_K: r16_T_Q4_K(grp, nr, xq, xs, xi, mr, k, kp, gp, bias, y, ldy); break;
+    case T_Q5_K: r16_T_Q5_K(grp, nr, xq, xs, xi, mr, k, kp, gp, bias, y, ldy); break;
     case T_Q6_K: r16_T_Q6_K(grp, nr, xq, xs, xi, mr, k, kp, gp, bias, y, ldy); break;
     }
 }

@@ -145,7 +145,7 @@ def test_layouts_the_kernel_does_not_take_are_refused(fused):
         quant.quantize(torch.randn(2, 64), quant.QUANTIZE_TYPES["q4_k"])
 
 
-@pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q6_K"])
+@pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"])
 def test_interleaved_rows_hold_the_same_weight(fused, name, monkeypatch):
     """Where the build reads 16 interleaved rows (AVX-512 VNNI: cpu_quant_r16.c), weights are
     kept so: the same values, the same products up to float32 summation order (the row-major
@@ -174,7 +174,7 @@ def test_interleaved_rows_get_the_same_bits_from_avx2_and_avx512(native_library,
     """The 16 lanes are one AVX-512 register or two AVX2 halves, with the same operations per
     lane (quant_r16_vec.h): a weight's outputs are identical bits on either kind of CPU."""
     from tandem.kernels import cpu as cpu_kernels
-    for name in ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q6_K"):
+    for name in ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"):
         monkeypatch.setitem(cpu_kernels._state, "lib", native_library)
         k = 512 if name.endswith("_K") else 608
         raw = random_blocks(name, 37, k, seed=4)
