@@ -19,34 +19,25 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks" / "llama_cpp"))
+sys.path.insert(0, str(ROOT / "tests"))
 
 from peer import cpu, cpu_line  # noqa: E402  (the CPU named as the peer benchmark names it)
 
 from tandem.kernels import cpu as cpu_kernels, quant  # noqa: E402
 from tandem.layers.quantized import QuantizedWeight, RawQuant  # noqa: E402
 
-# byte offsets of each block's float16 scales (every other byte may be anything)
-_F16_AT = {"Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "Q8_0": (0,), "Q4_K": (0, 2),
-           "Q5_K": (0, 2),
-           "Q6_K": (208,)}
-
+from models.test_quantized_kernels import random_blocks  # noqa: E402
 
 def random_weight(name: str, out: int, k: int, layout: str) -> QuantizedWeight:
-    block, nbytes = quant.block_shape(quant.KERNEL_TYPES[name])
-    rng = np.random.default_rng(0)
-    raw = rng.integers(0, 256, (out, k // block, nbytes), dtype=np.uint8)
-    for at in _F16_AT[name]:
-        scales = rng.uniform(-0.05, 0.05, (out, k // block)).astype(np.float16)
-        raw[:, :, at:at + 2] = scales.view(np.uint8).reshape(out, k // block, 2)
+    """Random blocks of `name` with sane float16 scales (the kernel tests' own), in `layout`."""
     os.environ["TANDEM_QUANT_LAYOUT"] = layout  # read when the weight is built
-    return QuantizedWeight([RawQuant(quant.KERNEL_TYPES[name],
-                                     torch.from_numpy(raw.reshape(out, -1).copy()), k, name)])
+    return QuantizedWeight([RawQuant(quant.KERNEL_TYPES[name], random_blocks(name, out, k), k,
+                                     name)])
 
 
 def best_us(w: QuantizedWeight, x: torch.Tensor, reps: int) -> float:

@@ -113,7 +113,8 @@ LAYOUTS = ("interleaved", "rows")
 
 def _layout() -> str:
     """TANDEM_QUANT_LAYOUT: "interleaved" (default: 16 rows interleaved where the kernels read
-    that layout, AVX-512 VNNI builds) or "rows" (GGUF's own order: benchmarks compare both)."""
+    that layout: AVX-512 VNNI, or AVX2 with FMA and F16C) or "rows" (GGUF's own order:
+    benchmarks compare both)."""
     layout = os.environ.get("TANDEM_QUANT_LAYOUT", "interleaved").strip() or "interleaved"
     if layout not in LAYOUTS:
         raise ValueError(f"TANDEM_QUANT_LAYOUT={layout!r} is not one of {', '.join(LAYOUTS)}")

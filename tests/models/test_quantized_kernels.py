@@ -147,9 +147,10 @@ def test_layouts_the_kernel_does_not_take_are_refused(fused):
 
 @pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"])
 def test_interleaved_rows_hold_the_same_weight(fused, name, monkeypatch):
-    """Where the build reads 16 interleaved rows (AVX-512 VNNI: cpu_quant_r16.c), weights are
-    kept so: the same values, the same products up to float32 summation order (the row-major
-    layout's lanes sum in another order), and rows past a multiple of 16 come out right."""
+    """Where the build reads 16 interleaved rows (cpu_quant_r16.c: AVX-512 VNNI or AVX2),
+    weights are kept so: the same values, the same products up to float32 summation order (the
+    row-major layout's lanes sum in another order), and rows past a multiple of 16 come out
+    right."""
     k = 512 if name.endswith("_K") else 96
     raw = random_blocks(name, 37, k, seed=3)
     if quant.pack_r16(quant.KERNEL_TYPES[name], raw, k) is None:
