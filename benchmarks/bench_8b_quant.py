@@ -127,7 +127,7 @@ def main() -> None:
         "smoke": args.smoke, "target_shape": shapes[0], "draft_shape": shapes[1], "load_seconds": load_s,
         "weights_mib": sizes, "kv_budget_gib_per_engine": args.kv_gib,
         "load_added_mib": added, "peak_rss_mib": rss_mb(),
-        "k": args.k, "acceptance": args.acceptance, "synthetic_acceptance_rates": rates,
+        "k": args.k, "tokens": args.tokens, "acceptance": args.acceptance, "synthetic_acceptance_rates": rates,
         "plain_tokens_per_s": plain, "speculative_tokens_per_s": spec,
         "mean_acceptance_length": lengths, "expected_acceptance_length": expected,
         "draft_alone_tokens_per_s": draft_rate, "cost_ratio_c": c,

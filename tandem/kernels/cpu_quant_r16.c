@@ -27,6 +27,15 @@
 #endif
 #define INL static inline __attribute__((always_inline))
 
+/* Eighth j of a K-quant block of bb bytes (2,304-3,360: 36-53 lines) into the cache, one eighth
+ * per sub-block: a burst of the whole block at its start filled the miss buffers and stalled
+ * the core at the prefetches (a 5-row verification of the 8B shapes, out of cache, took 1.8x as
+ * long that way). A 32-element block (5-9 lines) is still fetched at once. */
+INL void prefetch_eighth(const uint8_t *block, int64_t bb, int j) {
+    for (int64_t o = (j * bb / 8) & ~63; o < (j + 1) * bb / 8; o += 64)
+        _mm_prefetch((const char *)(block + o), _MM_HINT_T0);
+}
+
 /* sum over 8 words w of W[w] . x[4w .. 4w + 3], in two chains (latency), then one add. */
 INL v16i dot8(const v16i *W, const int8_t *x, int w_signed) {
     v16i s0 = vi_zero(), s1 = vi_zero();
@@ -58,7 +67,7 @@ INL void group_tile(const int type, const int mrt, const int h, const uint8_t *g
     for (int64_t b = 0; b < k / block; b++) {
         const uint8_t *g = grp + b * bb;
         const int64_t e0 = b * block;
-        for (int64_t o = 0; o < bb && h == 0; o += 64)  /* PF blocks ahead, into the next group */
+        for (int64_t o = 0; o < bb && h == 0 && block == 32; o += 64)  /* PF blocks ahead */
             _mm_prefetch((const char *)(g + PF * bb + o), _MM_HINT_T0);
         if (block == 32) {
             v16f d = vf_half(g, h), m = vf_zero();
@@ -95,6 +104,7 @@ INL void group_tile(const int type, const int mrt, const int h, const uint8_t *g
             for (int j = 0; j < 8; j++) {  /* qs bytes 32(j / 2)..: j even low, odd high */
                 const uint8_t *v = g + (k5 ? 832 : 320) + 512 * (j / 2);
                 const int64_t e = e0 + 32 * j;
+                if (h == 0) prefetch_eighth(g + PF * bb, bb, j);
                 v16i W[8];  /* loaded again for the high nibbles: held, they spilled */
                 for (int w = 0; w < 8; w++) {
                     v16i q = vi_load(v + 64 * w, h);
@@ -122,6 +132,7 @@ INL void group_tile(const int type, const int mrt, const int h, const uint8_t *g
             for (int j = 0; j < 8; j++) {
                 const int n = j / 4, r = j % 4;
                 const int64_t e = e0 + 32 * j;
+                if (h == 0) prefetch_eighth(g + PF * bb, bb, j);
                 v16i W[8];
                 for (int w = 0; w < 8; w++) {
                     v16i l = vi_load(ql + 64 * (16 * n + 8 * (r & 1) + w), h);
