@@ -64,6 +64,35 @@ def test_dequantized_values_are_exact_and_dot_products_within_the_bound(fused, n
     assert err.max() > 0  # the activations really are quantized: the bound is the one that binds
 
 
+@pytest.mark.parametrize("name", sorted(set(quant.KERNEL_TYPES) - set(_HALF)))
+def test_the_largest_weights_and_activations_stay_exact(fused, name):
+    """Every weight byte at its largest (u = 15, 31 or 63, K scales and mins 63; Q8_0 q = -128 or 127)
+    against x rounded to +-127 everywhere. AVX2's vpmaddubsw saturates its 16-bit pair sums:
+    Q8_0's sign trick reaches 2 * 128 * 127 = 32512 of 32767 here, and a sum that saturated
+    would miss the bound by thousands of steps."""
+    k = 512 if name.endswith("_K") else 96
+    raw = random_blocks(name, 37, k).reshape(37, k // quant.block_shape(quant.KERNEL_TYPES[name])[0], -1)
+    scales = [raw[:, :, at:at + 2].clone() for at in _F16_AT[name]]
+    raw[:] = 0xFF
+    if name == "Q8_0":
+        raw[::2] = 0x80  # q = -128 (even rows) and 127 (odd rows): each sign's largest
+        raw[1::2] = 0x7F
+    if name == "Q6_K":
+        raw[:, :, 192:208] = 0x7F  # int8 sub-block scales
+    for at, s in zip(_F16_AT[name], scales):
+        raw[:, :, at:at + 2] = s
+    raw = raw.reshape(37, -1)
+    reference = torch.from_numpy(gguf_dequantize(raw.numpy(), Q[name])).float()
+    x = torch.ones(4, k)
+    x[1] = -1
+    x[2, ::2] = -1
+    x[3] = torch.randn(k).sign()
+    for rows in (1, 4):  # a decode step and a verification
+        exact = x[:rows].double() @ reference.double().T
+        err = (_weight(name, raw, k).matmul(x[:rows], None).double() - exact).abs()
+        assert (err <= _bound(x[:rows], reference).double()).all(), float(err.max())
+
+
 @pytest.mark.parametrize("name", _HALF)
 def test_half_precision_rows_are_widened_exactly_and_multiply_unrounded_x(fused, name):
     k = 96
