@@ -9,8 +9,11 @@ model, in one run.
 
 Round by round, each served figure is measured right after its offline one (the offline engine
 lives in this process, idle while the server is measured); the figures and the ratios are the
-medians over --rounds. The client (httpx, in this process) shares the machine's cores with the
-server: on a 2-core machine it takes time from the server it measures.
+medians over --rounds. The client (in this process) shares the machine's cores with the server:
+on a 2-core machine it takes time from the server it measures. So the streams are measured on
+the lean client of sse_client.py (one asyncio loop, the bodies parsed at their ends), and again
+on httpx (16 threads at 16 streams, every chunk parsed as it comes: `*_httpx`), with the cores
+the client took at 16 streams.
 
   python benchmarks/bench_serve_core.py --config default --config OMP_WAIT_POLICY=PASSIVE
   python benchmarks/bench_serve_core.py --repo /tmp/old-tandem  # another checkout's server
@@ -36,6 +39,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import httpx
+from sse_client import concurrent_streams
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOLLM2 = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -44,6 +48,8 @@ PROMPT = "Write a long story about a robot who learns to paint."
 # time-to-first-token measurement takes a new first word, so no prefix-cache hit shortens it.
 PROMPT20 = ("{} history of the city begins in the early days when farmers and traders came to the "
             "wide river valley")
+# The client's CPU time over the wall time of each 16-stream measurement (cores it took).
+CLIENT_CPU: dict[str, list[float]] = {"sixteen": [], "sixteen_httpx": []}
 FIRST_WORDS = itertools.cycle(["The", "A", "One", "That", "My", "His", "Her", "Their", "Its",
                                "Our", "This", "Every", "No", "So", "And", "But", "Yet", "Then",
                                "Now", "Old"])
@@ -171,12 +177,20 @@ def _stream(client: httpx.Client, url: str, prompt: str, max_tokens: int
     return first or 0.0, time.perf_counter() - t0, tokens
 
 
+def body(prompt: str, max_tokens: int) -> dict[str, Any]:
+    return {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}
+
+
 def served(url: str) -> dict[str, Callable[[], float]]:
     """The server's figures, one measurement per call of each function."""
     client = httpx.Client()
     _stream(client, url, PROMPT, 16)  # warm-up
 
     def one_stream() -> float:
+        _, [(_, took, tokens)] = concurrent_streams(url, [body(PROMPT, 128)])
+        return tokens / took
+
+    def one_stream_httpx() -> float:
         _, took, tokens = _stream(client, url, PROMPT, 128)
         return tokens / took
 
@@ -187,6 +201,14 @@ def served(url: str) -> dict[str, Callable[[], float]]:
         return r.json()["usage"]["completion_tokens"] / (time.perf_counter() - t0)
 
     def sixteen() -> float:
+        """16 streams on the lean client (sse_client.py: one asyncio loop, 0.03 of a core)."""
+        c0 = time.process_time()
+        took, streams = concurrent_streams(url, [body(f"{PROMPT} ({i})", 64) for i in range(16)])
+        CLIENT_CPU["sixteen"].append((time.process_time() - c0) / took)
+        return sum(tokens for _, _, tokens in streams) / took
+
+    def sixteen_httpx() -> float:
+        """16 streams on 16 httpx threads, each chunk parsed as it comes (0.28 of a core)."""
         tokens: list[int] = []
 
         def run(i: int) -> None:
@@ -194,26 +216,32 @@ def served(url: str) -> dict[str, Callable[[], float]]:
                 tokens.append(_stream(c, url, f"{PROMPT} ({i})", 64)[2])
 
         threads = [threading.Thread(target=run, args=(i,)) for i in range(16)]
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         for t in threads:
             t.start()
         for t in threads:
             t.join()
-        return sum(tokens) / (time.perf_counter() - t0)
+        took = time.perf_counter() - t0
+        CLIENT_CPU["sixteen_httpx"].append((time.process_time() - c0) / took)
+        return sum(tokens) / took
 
     def ttft_ms() -> float:
-        return _stream(client, url, PROMPT20.format(next(FIRST_WORDS)), 2)[0] * 1000
+        _, [(first, _, _)] = concurrent_streams(url, [body(PROMPT20.format(next(FIRST_WORDS)), 2)])
+        return first * 1000
 
-    return {"one_stream_tok_s": one_stream, "one_plain_tok_s": one_plain,
-            "sixteen_tok_s": sixteen, "ttft20_ms": ttft_ms}
+    return {"one_stream_tok_s": one_stream, "one_stream_httpx_tok_s": one_stream_httpx,
+            "one_plain_tok_s": one_plain,
+            "sixteen_tok_s": sixteen, "sixteen_httpx_tok_s": sixteen_httpx, "ttft20_ms": ttft_ms}
 
 
 def compare(off: Offline, srv: dict[str, Callable[[], float]], rounds: int) -> dict[str, Any]:
     """Round by round, each served figure right after the offline one it is divided by, so a
     drift in the machine's load falls on both; the medians of the figures and of the ratios."""
     pairs = [("one_stream_tok_s", off.one, "one_stream"),
+             ("one_stream_httpx_tok_s", off.one, "one_stream_httpx"),
              ("one_plain_tok_s", off.one, "one_plain"),
              ("sixteen_tok_s", off.sixteen, "sixteen"),
+             ("sixteen_httpx_tok_s", off.sixteen, "sixteen_httpx"),
              ("ttft20_ms", off.prefill_ms, "ttft")]
     rows: dict[str, list[tuple[float, float]]] = {name: [] for _, _, name in pairs}
     for _ in range(rounds):
@@ -231,6 +259,9 @@ def compare(off: Offline, srv: dict[str, Callable[[], float]], rounds: int) -> d
         else:
             result[name + "_ratio"] = statistics.median(v / b for b, v in rows[name])
         result[key + "_rounds"] = rows[name]
+    for name, cores in CLIENT_CPU.items():
+        result[name + "_client_cores"] = statistics.median(cores)
+        cores.clear()
     return result
 
 
