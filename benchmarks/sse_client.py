@@ -52,7 +52,8 @@ async def stream_completion(host: str, port: int, body: dict) -> tuple[float, fl
     raise RuntimeError("the stream ended without a usage chunk")
 
 
-def concurrent_streams(url: str, bodies: list[dict]) -> tuple[float, list[tuple[float, float, int]]]:
+def concurrent_streams(url: str, bodies: list[dict]
+                       ) -> tuple[float, list[tuple[float, float, int]]]:
     """All `bodies` streamed at once from `url` (http://host:port): (seconds until the last
     ends, each stream's (first text, end, completion tokens) as stream_completion's)."""
     host, port = url.split("://", 1)[1].rstrip("/").rsplit(":", 1)
