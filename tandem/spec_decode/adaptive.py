@@ -37,15 +37,24 @@ calibration (engine/calibration.py).
 from __future__ import annotations
 
 import random
+from collections import deque
 from typing import Optional
 
 
 class _CostCurve:
     """Seconds against a size (tokens in a forward, or a batch size), from the recent mean time
-    of each size seen, each weighted by its evidence (at most 1 / (1 - decay) observations'
-    worth), and a line fitted by least squares to those means. Fitted to every observation
-    instead, the line took its slope from the few latest steps of an odd size: one slow step of
-    2 tokens among steps of 1 made a token cost half a step. `fit(lo, hi)` uses the sizes within
+    of each size seen (its last `window` times, less those over twice the least of them), each
+    weighted by the times it keeps, and a line fitted by least squares to those means.
+
+    Why the least of them: a step the OS preempted takes a timeslice more (4-5 ms where tiny
+    models' passes take 0.3 ms, on a machine with both cores busy), and the mean of a size timed
+    twice at calibration then priced it out; a size no longer chosen is no longer timed, so the
+    price stayed, and adaptive k kept drafting for a useless draft (a quarter of runs under
+    load). A slower machine for good still shows: after `window` times, the least is slow too.
+
+    Why means per size: fitted to every observation instead, the line took its slope from the
+    few latest steps of an odd size: one slow step of 2 tokens among steps of 1 made a token
+    cost half a step. `fit(lo, hi)` uses the sizes within
     a factor of two of [lo, hi] (where there are two), since costs bend between a few tokens and
     many.
 
@@ -58,19 +67,26 @@ class _CostCurve:
     one slow step price its size out for good; shrunk, a size seen once still leans on the
     line."""
 
-    def __init__(self, decay: float = 0.8, max_sizes: int = 64, prior_weight: float = 1.0
+    def __init__(self, window: int = 5, max_sizes: int = 64, prior_weight: float = 1.0
                  ) -> None:
-        self.decay = decay
+        self.window = window
         self.max_sizes = max_sizes
         self.prior_weight = prior_weight
-        self.sizes: dict[int, tuple[float, float]] = {}  # size -> (faded sum of s, weight)
+        self.sizes: dict[int, deque[float]] = {}  # size -> its last `window` times (s)
 
     def observe(self, size: int, seconds: float) -> None:
-        total, weight = self.sizes.get(size, (0.0, 0.0))
-        self.sizes[size] = (self.decay * total + seconds, self.decay * weight + 1)
+        self.sizes.setdefault(size, deque(maxlen=self.window)).append(seconds)
         if len(self.sizes) > self.max_sizes:  # forget the size with the least evidence
             del self.sizes[min((s for s in self.sizes if s != size),
-                               key=lambda s: self.sizes[s][1])]
+                               key=lambda s: len(self.sizes[s]))]
+
+    def _mean(self, size: int) -> tuple[float, float]:
+        """(sum, count) of `size`'s recent times within twice the least of them."""
+        times = self.sizes.get(size, ())
+        if not times:
+            return 0.0, 0.0
+        kept = [t for t in times if t <= 2 * min(times)]
+        return sum(kept), float(len(kept))
 
     @property
     def ready(self) -> bool:
@@ -80,8 +96,9 @@ class _CostCurve:
         """(a, b): seconds ~ a + b * size around [lo, hi]."""
         near = [s for s in self.sizes if lo / 2 <= s <= 2 * hi]
         used = near if len(near) >= 2 else list(self.sizes)
-        w = [self.sizes[s][1] for s in used]
-        y = [self.sizes[s][0] / self.sizes[s][1] for s in used]
+        sums = [self._mean(s) for s in used]
+        w = [count for _, count in sums]
+        y = [total / count for total, count in sums]
         n = sum(w)
         mean_x = sum(wi * x for wi, x in zip(w, used)) / n
         mean_y = sum(wi * yi for wi, yi in zip(w, y)) / n
@@ -94,7 +111,7 @@ class _CostCurve:
 
     def at(self, size: int, line: tuple[float, float]) -> float:
         """The cost of `size`: its mean, shrunk towards `line` (a, b) from `fit`."""
-        total, weight = self.sizes.get(size, (0.0, 0.0))
+        total, weight = self._mean(size)
         prior = max(1e-6, line[0] + line[1] * size)
         return (total + self.prior_weight * prior) / (weight + self.prior_weight)
 

@@ -105,6 +105,22 @@ def test_a_rare_size_keeps_its_evidence_and_far_sizes_do_not_bend_the_line() -> 
     assert curve.fit(1, 6)[1] >= 0
 
 
+def test_a_preempted_step_does_not_price_its_size_out_but_a_slower_machine_does() -> None:
+    # Tiny models on a machine with both cores busy: passes of 0.3 ms, and one of them preempted
+    # for a timeslice (4.9 ms). Its size, timed twice at calibration and then never chosen
+    # again, kept a mean of 2.6 ms, and adaptive k drafted for a useless draft to avoid it.
+    from tandem.spec_decode.adaptive import _CostCurve
+    curve = _CostCurve()
+    for n in (1, 2, 3):
+        curve.observe(n, 0.0003)
+    curve.observe(1, 0.0049)
+    line = curve.fit(1, 3)
+    assert curve.at(1, line) == pytest.approx(0.0003, rel=0.01)
+    for _ in range(curve.window):  # every time of the window slow: the machine is
+        curve.observe(1, 0.001)
+    assert curve.at(1, curve.fit(1, 3)) > 0.0007
+
+
 # A verify pass over n tokens (relative to one). On a line: the Xeon's 1 + 0.07 per draft. Bent:
 # the synthetic pair on an AMD EPYC (2 cores), flat while the weights stream, then rising.
 _LINE = {n: 1 + 0.07 * (n - 1) for n in range(1, 7)}
