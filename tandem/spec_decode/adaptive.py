@@ -54,9 +54,8 @@ class _CostCurve:
 
     Why means per size: fitted to every observation instead, the line took its slope from the
     few latest steps of an odd size: one slow step of 2 tokens among steps of 1 made a token
-    cost half a step. `fit(lo, hi)` uses the sizes within
-    a factor of two of [lo, hi] (where there are two), since costs bend between a few tokens and
-    many.
+    cost half a step. `fit(lo, hi)` uses the sizes within a factor of two of [lo, hi] (where
+    there are two), since costs bend between a few tokens and many.
 
     A size's cost (`at`) is its own mean shrunk towards the line, by `prior_weight`
     observations' worth. The line alone misprices a bend: a verify pass costs the same for 1 to
