@@ -57,6 +57,14 @@ INL void nibbles4(const uint8_t *v, v16i *W, int h) {
     }
 }
 
+/* Q5's fifth bits (32 per lane at qh, permuted at load) ORed into the nibble words W: bit 8i + w
+ * of a lane goes to bit 4 of byte i of word w. */
+INL void fifth_bits(v16i *W, const uint8_t *qh, int h) {
+    const v16i hb = vi_load(qh, h), bit4 = vi_bytes(0x10);
+    for (int w = 0; w < 8; w++)
+        W[w] = vi_or(W[w], vi_and(w <= 4 ? vi_sll16(hb, 4 - w) : vi_srl16(hb, w - 4), bit4));
+}
+
 /* One group (16 rows) against mrt <= RM rows of x: acc [i] += every block's terms. */
 INL void group_tile(const int type, const int mrt, const int h, const uint8_t *grp,
                     const int8_t *xq, const float *xs, const int32_t *xi, int64_t k, int64_t kp,
@@ -79,12 +87,7 @@ INL void group_tile(const int type, const int mrt, const int h, const uint8_t *g
             else {  /* after d (and m): Q5's permuted fifth bits, then the nibbles */
                 const int64_t off = type == T_Q4_1 || type == T_Q5_1 ? 64 : 32;
                 nibbles4(g + off + (q5 ? 64 : 0), W, h);
-                if (q5) {  /* bit 8i + w of a lane goes to bit 4 of byte i of word w */
-                    const v16i hb = vi_load(g + off, h), bit4 = vi_bytes(0x10);
-                    for (int w = 0; w < 8; w++)
-                        W[w] = vi_or(W[w], vi_and(w <= 4 ? vi_sll16(hb, 4 - w)
-                                                         : vi_srl16(hb, w - 4), bit4));
-                }
+                if (q5) fifth_bits(W, g + off, h);
             }
             if (type == T_Q4_1 || type == T_Q5_1) m = vf_half(g + 32, h);
             for (int i = 0; i < mrt; i++) {
@@ -110,12 +113,7 @@ INL void group_tile(const int type, const int mrt, const int h, const uint8_t *g
                     v16i q = vi_load(v + 64 * w, h);
                     W[w] = vi_and(j & 1 ? vi_srl16(q, 4) : q, low4);
                 }
-                if (k5) {  /* as Q5_0's */
-                    const v16i hb = vi_load(g + 320 + 64 * j, h), bit4 = vi_bytes(0x10);
-                    for (int w = 0; w < 8; w++)
-                        W[w] = vi_or(W[w], vi_and(w <= 4 ? vi_sll16(hb, 4 - w)
-                                                         : vi_srl16(hb, w - 4), bit4));
-                }
+                if (k5) fifth_bits(W, g + 320 + 64 * j, h);
                 v16f a = vf_mul(d, vf_cvt(vi_widen8(g + 64 + 16 * j, 0, h)));
                 v16f bm = vf_neg(vf_mul(dmin, vf_cvt(vi_widen8(g + 192 + 16 * j, 0, h))));
                 for (int i = 0; i < mrt; i++) {
