@@ -3,6 +3,10 @@
 A batch step that raises is redone request by request; only the requests whose part raises are
 failed (through `fail`), the others' results are kept. Redoing is safe: writing a request's KV
 again writes the same values, and keyed randomness (sample/random.py) gives the same tokens.
+
+Failing a sequence fails its user request, every sequence of it (n > 1). So the redo skips
+sequences already finished: their blocks are free, and running them would write KV into blocks
+that are no longer theirs (and report an IndexError instead of the request's own error).
 """
 
 from __future__ import annotations
@@ -29,6 +33,8 @@ def execute_isolated(runner: ModelRunner, sched: SchedulerOutput, fail: Fail) ->
             return RunnerOutput()
     merged = RunnerOutput()
     for s in sched.scheduled:
+        if s.request.status.finished:
+            continue  # a sibling's failure finished it and freed its blocks (n > 1)
         try:
             part = runner.execute(SchedulerOutput(scheduled=[s]))
         except WorkerDiedError:
@@ -51,6 +57,8 @@ def propose_isolated(proposer: DraftProposer, reqs: list[Request], fail: Fail) -
     except Exception:  # noqa: BLE001 - narrowed below
         done = 0
         for req in list(reqs):
+            if req.status.finished:
+                continue  # as above: finished with a failed sibling
             try:
                 done += proposer.propose([req])
             except WorkerDiedError:

@@ -394,7 +394,8 @@ def _q_not_renormalised(self, logits, md, masks=None):
     """Planted: draws the draft from the grammar-masked distribution but reports q over the
     whole vocabulary (the mask applied after the probabilities instead of before)."""
     logits = _fit_vocab(logits, self.vocab_size)
-    masked = logits if masks is None else logits.masked_fill(~masks, float("-inf"))
+    masked = logits if masks is None else logits.masked_fill(~masks.to(logits.device),
+                                                             float("-inf"))
     ids = sample_from_probs(compute_probs(masked, md, apply_penalty=False), md, Purpose.DRAFT)
     return ids, ids, compute_probs(logits, md, apply_penalty=False)
 

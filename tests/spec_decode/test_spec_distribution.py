@@ -62,9 +62,10 @@ def exact(pair) -> np.ndarray:
 
 def _sample(pair, method: str, adaptive: bool = False,
             quantization: str | None = None) -> tuple[np.ndarray, float]:
-    llm = LLM(pair[0], seed=1234, quantization=quantization, speculative_config={
-        "model": pair[1], "num_speculative_tokens": 2, "adaptive": False,
-        "draft_sample_method": method,
+    # Quantized weights run on the CPU kernels (the CPU also where a GPU is present).
+    llm = LLM(pair[0], seed=1234, quantization=quantization,
+              device="cpu" if quantization else "auto", speculative_config={
+        "model": pair[1], "num_speculative_tokens": 2, "draft_sample_method": method,
         "adaptive": adaptive, "quantization": quantization,
         "rejection_sample_method": "standard"})  # gumbel: test_gumbel_distribution.py
     # Two requests of n = NUM_SAMPLES / 2 (n is capped at 16384, as in vLLM).
@@ -137,7 +138,7 @@ def exact_q8(pair) -> np.ndarray:
     """The Q8_0-quantized target's own law (its weights and 8-bit activations change the
     logits), read off the engine: the full log-softmax of its raw logits after every prefix."""
     v = 24
-    llm = LLM(pair[0], quantization="q8_0", max_logprobs=-1)
+    llm = LLM(pair[0], quantization="q8_0", max_logprobs=-1, device="cpu")
     prefixes = ([PROMPT] + [PROMPT + [a] for a in range(v)]
                 + [PROMPT + [a, b] for a in range(v) for b in range(v)])
     outs = llm.generate(prefixes, SamplingParams(temperature=0, max_tokens=1, logprobs=v),
