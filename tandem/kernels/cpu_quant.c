@@ -9,7 +9,7 @@
  * (With AVX2 alone, Q8_0 keeps its signed q and b = 0: see below.)
  *
  * Each row of x is quantized to 8 bits per block of 32 (scale max|x| / 127, round to nearest
- * even), as llama.cpp does, so a dot product is integer multiply-adds:
+ * even; cpu_quant_x.c), as llama.cpp does, so a dot product is integer multiply-adds:
  *   w . x = sum over lanes of 4 elements: a * ax * (sum u q)   +   sum over 16s: b * ax * (sum q)
  * The integer sums are exact; the float sums run in one fixed order per output (lanes accumulate
  * chunk by chunk, then one reduction; the offsets' sum after), so a row's result never depends on
@@ -26,8 +26,9 @@
  *     so Q8_0 keeps signed q there and multiplies |q| by sign(q) x (the sign trick);
  *   otherwise: plain C over the same lanes (portable; Arm uses it).
  * F16 and BF16 rows (cpu_quant_half.c) are widened to float32 and multiplied with x unrounded.
- * Segments interleaved 16 rows at a time (Q_R16 in the descriptor: AVX-512 VNNI and AVX2 builds) go to
- * cpu_quant_r16.c for every row count, with numerics of their own (integer sums per block).
+ * Segments interleaved 16 rows at a time (Q_R16 in the descriptor: AVX-512 VNNI and AVX2 builds)
+ * go to cpu_quant_r16.c for every row count, with numerics of their own (integer sums per block;
+ * K-quants per 256, against x as prepare_xk leaves it).
  */
 #include "kernels.h"
 #include "quant_format.h"
@@ -68,30 +69,6 @@ static void unpack_row(int type, const uint8_t *row, int64_t k, int64_t kp, row_
     if (r.s) memset(r.s + k, 0, (size_t)(kp - k));
     for (int64_t l = k / 4; l < kp / 4; l++) r.la[l] = 0.0f;
     for (int64_t g = k / 16; g < GROUPS(kp); g++) r.b16[g] = 0.0f;
-}
-
-/* x rows quantized: q [kp] int8, lane scales xs [kp / 4], block sums xb [GROUPS(kp)] (ax * sum q)
- * and xi [GROUPS(kp)] (sum q, for interleaved weights). */
-static void prepare_x(const float *x, int64_t k, int64_t kp, int8_t *q, float *xs, float *xb,
-                      int32_t *xi) {
-    for (int64_t c = 0; c < k; c += 32) {
-        float amax = 0.0f;
-        for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(x[c + j]));
-        float d = amax / 127.0f, id = amax > 0.0f ? 127.0f / amax : 0.0f;
-        int sum0 = 0, sum1 = 0;
-        for (int j = 0; j < 32; j++) {
-            int v = (int)nearbyintf(x[c + j] * id);
-            v = v > 127 ? 127 : v < -127 ? -127 : v;
-            q[c + j] = (int8_t)v;
-            if (j < 16) sum0 += v; else sum1 += v;
-        }
-        for (int l = 0; l < 8; l++) xs[c / 4 + l] = d;
-        xb[c / 16] = d * (float)sum0, xb[c / 16 + 1] = d * (float)sum1;
-        xi[c / 16] = sum0, xi[c / 16 + 1] = sum1;
-    }
-    memset(q + k, 0, (size_t)(kp - k));
-    for (int64_t l = k / 4; l < kp / 4; l++) xs[l] = 0.0f;
-    for (int64_t g = k / 16; g < GROUPS(kp); g++) xb[g] = 0.0f, xi[g] = 0;
 }
 
 /* y[i, j] (i < mr rows of x, j < nr weight rows) = the lanes' part of the dot products. */
@@ -212,12 +189,19 @@ int tandem_qlinear(const float *x, const int64_t *desc, const float *bias, float
     first[nseg] = blocks;
     int64_t kp = (k + STEP - 1) / STEP * STEP, xrows = m < XCHUNK ? m : XCHUNK;
     int64_t gp = GROUPS(kp);
-    size_t xbytes = (size_t)xrows * (size_t)(kp + kp + 8 * gp);  /* q, xs (kp/4), xb, xi */
-    uint8_t *xbuf = malloc(xbytes);
+    int kx = 0, plain = 0;  /* x wanted as prepare_xk (interleaved K-quants), prepare_x */
+    for (int64_t s = 0; s < nseg; s++)
+        *(seg[s].r16 && q_block(seg[s].type) == 256 ? &kx : &plain) = 1;
+    /* q, xs (kp/4), xb, xi; then q, xs, xi, xe (kp/32) of prepare_xk */
+    size_t per_row = (size_t)(kp + kp + 8 * gp) + (kx ? (size_t)(2 * kp + 4 * gp + kp / 8) : 0);
+    uint8_t *xbuf = malloc((size_t)xrows * per_row);
     if (!xbuf) return -1;
     int8_t *xq = (int8_t *)xbuf;
     float *xs = (float *)(xbuf + xrows * kp), *xb = xs + xrows * (kp / 4);
     int32_t *xi = (int32_t *)(xb + xrows * gp);
+    int8_t *kq = (int8_t *)(xi + xrows * gp);
+    float *ks = (float *)(kq + xrows * kp);
+    int32_t *ki = (int32_t *)(ks + xrows * (kp / 4)), *ke = ki + xrows * gp;
     int parallel = threads > 1 && m * n * k >= (1 << 18), failed = 0;
     int direct = m <= DIRECT_ROWS;
     (void)parallel;
@@ -229,9 +213,14 @@ int tandem_qlinear(const float *x, const int64_t *desc, const float *bias, float
 #pragma omp parallel num_threads(threads) if (parallel)
         {
 #pragma omp for schedule(static)
-            for (int64_t i = 0; i < mc; i++)
-                prepare_x(x + (m0 + i) * k, k, kp, xq + i * kp, xs + i * (kp / 4), xb + i * gp,
-                          xi + i * gp);
+            for (int64_t i = 0; i < mc; i++) {
+                if (plain)
+                    prepare_x(x + (m0 + i) * k, k, kp, xq + i * kp, xs + i * (kp / 4),
+                              xb + i * gp, xi + i * gp);
+                if (kx)
+                    prepare_xk(x + (m0 + i) * k, k, kp, kq + i * kp, ks + i * (kp / 4),
+                               ke + i * (kp / 32), ki + i * gp);
+            }
             /* Per thread: NR rows in the common form (none when direct). */
             size_t per_row = (size_t)(kp + (SIGNED_Q8 ? kp : 0) + kp + 4 * gp);
             uint8_t *wbuf = direct ? NULL : malloc(per_row * NR);
@@ -260,9 +249,11 @@ int tandem_qlinear(const float *x, const int64_t *desc, const float *bias, float
                 for (int64_t t = 0; t < s; t++) col += seg[t].rows;
                 int64_t g1 = mc - g0 < RGROUP ? mc : g0 + RGROUP;
                 if (seg[s].r16) {
+                    const int K = q_block(seg[s].type) == 256;
                     q_r16(seg[s].type, seg[s].data + r0 / 16 * tandem_q_r16_bytes(seg[s].type, k),
-                          (int)nr, xq + g0 * kp, xs + g0 * (kp / 4), xi + g0 * gp, g1 - g0, k, kp,
-                          gp, bias ? bias + col : NULL, y + (m0 + g0) * n + col, n);
+                          (int)nr, (K ? kq : xq) + g0 * kp, (K ? ks : xs) + g0 * (kp / 4),
+                          (K ? ki : xi) + g0 * gp, K ? ke + g0 * (kp / 32) : NULL, g1 - g0, k,
+                          kp, gp, bias ? bias + col : NULL, y + (m0 + g0) * n + col, n);
                     continue;
                 }
                 int sgn = SIGNED_Q8 && seg[s].type == T_Q8_0, half = is_half(seg[s].type);

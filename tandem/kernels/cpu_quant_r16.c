@@ -5,16 +5,20 @@
  * per (block of 32, 16 rows, x row) 8 vpdpbusd, one convert and one or two FMAs, where the
  * row-major paths (cpu_quant.c, cpu_quant_direct.c) take 4 lane-wise converts and FMAs per 16
  * elements of each row. *
- * Numerics, per output y = x . w (x quantized per 32 as in cpu_quant.c: q, step dx, integer
- * sums qs16 per 16), blocks in order, each output in its own lane (no reduction):
+ * Numerics, per output y = x . w, blocks in order, each output in its own lane (no reduction).
+ * 32-element types take x quantized per 32 as in cpu_quant.c (q, step dx, integer sums qs16 per
+ * 16):
  *   Q4_0  acc += float(sum u q - 8 qs32) * (d * dx)   Q5_0, Q8_0  the same with 16, 128
  *   Q4_1  acc += float(sum u q) * (d * dx);  acc += m * (dx * float(qs32))   Q5_1  the same
- *   Q4_K  per sub-block j: acc += float(sum u q) * ((d * sc_j) * dx);
- *         acc += -(dmin * mn_j) * (dx * float(qs32))              Q5_K  the same
- *   Q6_K  per sub-block of 32 (16-groups g, g + 1):
- *         acc += float(sc_g (sum_g u q - 32 qs16_g) + sc_g+1 (...)) * (d * dx)
- * (each * and + one float32 rounding, FMAs fused). Every output is computed by this one
- * sequence whatever its batch, tile or thread, so a row's result never depends on them.
+ * K-quants take x as prepare_xk leaves it (per 256 a step D, per 32 an integer e in 1..8: x =
+ * D e q), so every scale goes into exact integer sums and the float work is once per 256:
+ *   Q4_K  S = sum_j sc_j e_j (sum_j u q), M = sum_j mn_j e_j qs32_j (j: sub-blocks of 32);
+ *         acc += float(S) * (d * D);  acc += float(M) * (-dmin * D)      Q5_K  the same
+ *   Q6_K  S = sum_G sc_G e_G (sum_G u q - 32 qs16_G) (G: groups of 16); acc += float(S) * (d * D)
+ * (each * and + one float32 rounding, FMAs fused). The integer sums stay within int32 (Q6_K's:
+ * 256 * 32 * 127 * 128 * 8 < 2^31) and AVX2's 16-bit pair sums within int16 (vi_sdot). Every
+ * output is computed by this one sequence whatever its batch, tile or thread, so a row's result
+ * never depends on them, and the same on AVX-512 and AVX2 (integer sums are exact on both).
  */
 #include "quant_direct.h"
 #include "quant_r16_vec.h"
@@ -67,9 +71,9 @@ INL void fifth_bits(v16i *W, const uint8_t *qh, int h) {
 
 /* One group (16 rows) against mrt <= RM rows of x: acc [i] += every block's terms. */
 INL void group_tile(const int type, const int mrt, const int h, const uint8_t *grp,
-                    const int8_t *xq, const float *xs, const int32_t *xi, int64_t k, int64_t kp,
-                    int64_t gp, v16f *acc) {
-    const int64_t block = q_block(type), bb = q_r16_block_bytes(type);
+                    const int8_t *xq, const float *xs, const int32_t *xi, const int32_t *xe,
+                    int64_t k, int64_t kp, int64_t gp, v16f *acc) {
+    const int64_t block = q_block(type), bb = q_r16_block_bytes(type), ke = kp / 32;
     const v16i low4 = vi_bytes(0x0F), two = vi_bytes(3);
     const int sgn = type == T_Q8_0 && R16_Q8_SIGNED, q5 = type == T_Q5_0 || type == T_Q5_1;
     for (int64_t b = 0; b < k / block; b++) {
@@ -103,7 +107,8 @@ INL void group_tile(const int type, const int mrt, const int h, const uint8_t *g
             }
         } else if (type == T_Q4_K || type == T_Q5_K) {
             const int k5 = type == T_Q5_K;  /* + sub-block j's fifth bits at 320 + 64 j */
-            v16f d = vf_half(g, h), dmin = vf_half(g + 32, h);
+            v16i S[RM];  /* sum over sub-blocks j of sc_j e_j (sum u q): exact */
+            for (int i = 0; i < mrt; i++) S[i] = vi_zero();
             for (int j = 0; j < 8; j++) {  /* qs bytes 32(j / 2)..: j even low, odd high */
                 const uint8_t *v = g + (k5 ? 832 : 320) + 512 * (j / 2);
                 const int64_t e = e0 + 32 * j;
@@ -114,19 +119,29 @@ INL void group_tile(const int type, const int mrt, const int h, const uint8_t *g
                     W[w] = vi_and(j & 1 ? vi_srl16(q, 4) : q, low4);
                 }
                 if (k5) fifth_bits(W, g + 320 + 64 * j, h);
-                v16f a = vf_mul(d, vf_cvt(vi_widen8(g + 64 + 16 * j, 0, h)));
-                v16f bm = vf_neg(vf_mul(dmin, vf_cvt(vi_widen8(g + 192 + 16 * j, 0, h))));
-                for (int i = 0; i < mrt; i++) {
-                    const float dx = xs[i * (kp / 4) + e / 4];
-                    const int32_t qs = xi[i * gp + e / 16] + xi[i * gp + e / 16 + 1];
-                    v16i s = dot8(W, xq + i * kp + e, 0);
-                    acc[i] = vf_fma(vf_cvt(s), vf_mul(a, vf_set1(dx)), acc[i]);
-                    acc[i] = vf_fma(bm, vf_set1(dx * (float)qs), acc[i]);
-                }
+                const v16i sc = vi_scales(g + 64 + 16 * j, 0, h);
+                for (int i = 0; i < mrt; i++)
+                    S[i] = vi_sdot(S[i], W, 8, xq + i * kp + e, vi_times(sc, xe[i * ke + e / 32]),
+                                   k5 ? 4 : 8);  /* pair sums: 16 bits for 8 or 4 words */
+            }
+            v16i mins[4];  /* lane pairs (mn_2p, mn_2p+1) */
+            for (int p = 0; p < 4; p++)
+                mins[p] = vi_pairs(g + 192 + 32 * p, g + 208 + 32 * p, 0, h);
+            v16f d = vf_half(g, h), dmin = vf_neg(vf_half(g + 32, h));
+            for (int i = 0; i < mrt; i++) {
+                const int32_t *eq = xi + i * gp + e0 / 16;  /* e (sum q) per 16 */
+                v16i M = vi_zero();  /* sum over j of mn_j e_j (sum q) */
+                for (int p = 0; p < 4; p++)
+                    M = vi_madd2(M, mins[p], eq[4 * p] + eq[4 * p + 1],
+                                 eq[4 * p + 2] + eq[4 * p + 3]);
+                const float D = xs[i * (kp / 4) + e0 / 256];  /* x's step for the 256 */
+                acc[i] = vf_fma(vf_cvt(S[i]), vf_mul(d, vf_set1(D)), acc[i]);
+                acc[i] = vf_fma(vf_cvt(M), vf_mul(dmin, vf_set1(D)), acc[i]);
             }
         } else {  /* T_Q6_K: sub-block j = elements 32j..: half n, quarter r (as ggml's order) */
-            v16f d = vf_half(g, h);
             const uint8_t *ql = g + 288, *qh = g + 288 + 2048;
+            v16i S[RM];  /* sum over 16-groups G of sc_G e (sum u q): exact */
+            for (int i = 0; i < mrt; i++) S[i] = vi_zero();
             for (int j = 0; j < 8; j++) {
                 const int n = j / 4, r = j % 4;
                 const int64_t e = e0 + 32 * j;
@@ -138,34 +153,38 @@ INL void group_tile(const int type, const int mrt, const int h, const uint8_t *g
                     W[w] = vi_or(vi_and(r >= 2 ? vi_srl16(l, 4) : l, low4), vi_sll16(hb, 4));
                 }
                 /* words 0-3: elements 0-15 (group 2j, its scale sc0), 4-7: 16-31 (2j + 1) */
-                v16i sc0 = vi_widen8(g + 32 + 32 * j, 1, h);
-                v16i sc1 = vi_widen8(g + 48 + 32 * j, 1, h);
+                const v16i sc0 = vi_scales(g + 32 + 32 * j, 1, h);
+                const v16i sc1 = vi_scales(g + 48 + 32 * j, 1, h);
                 for (int i = 0; i < mrt; i++) {
                     const int8_t *x = xq + i * kp + e;
-                    const float dx = xs[i * (kp / 4) + e / 4];
-                    v16i lo = vi_zero(), hi = vi_zero();
-                    for (int w = 0; w < 4; w++) {
-                        lo = vi_dot4(lo, W[w], x + 4 * w, 0);
-                        hi = vi_dot4(hi, W[w + 4], x + 16 + 4 * w, 0);
-                    }
-                    lo = vi_sub1(lo, 32 * xi[i * gp + e / 16]);
-                    hi = vi_sub1(hi, 32 * xi[i * gp + e / 16 + 1]);
-                    v16i t = vi_add(vi_mul(lo, sc0), vi_mul(hi, sc1));
-                    acc[i] = vf_fma(vf_cvt(t), vf_mul(d, vf_set1(dx)), acc[i]);
+                    const int32_t ex = xe[i * ke + e / 32];
+                    S[i] = vi_sdot(S[i], W, 4, x, vi_times(sc0, ex), 2);
+                    S[i] = vi_sdot(S[i], W + 4, 4, x + 16, vi_times(sc1, ex), 2);
                 }
+            }
+            v16i scs[8];  /* lane pairs (sc_2j, sc_2j+1) */
+            for (int j = 0; j < 8; j++) scs[j] = vi_pairs(g + 32 + 32 * j, g + 48 + 32 * j, 1, h);
+            v16f d = vf_half(g, h);
+            for (int i = 0; i < mrt; i++) {
+                const int32_t *eq = xi + i * gp + e0 / 16;
+                v16i O = vi_zero();  /* sum over G of sc_G e (sum q): u's offset of 32 */
+                for (int j = 0; j < 8; j++) O = vi_madd2(O, scs[j], eq[2 * j], eq[2 * j + 1]);
+                const float D = xs[i * (kp / 4) + e0 / 256];
+                acc[i] = vf_fma(vf_cvt(vi_sub(S[i], vi_sll32(O, 5))), vf_mul(d, vf_set1(D)),
+                                acc[i]);
             }
         }
     }
 }
 
 INL void r16_pass(const int type, const int mrt, const uint8_t *grp, int nr, const int8_t *xq,
-                  const float *xs, const int32_t *xi, int64_t k, int64_t kp, int64_t gp,
-                  const float *bias, float *y, int64_t ldy) {
+                  const float *xs, const int32_t *xi, const int32_t *xe, int64_t k, int64_t kp,
+                  int64_t gp, const float *bias, float *y, int64_t ldy) {
     for (int h = 0; h < R16_HALVES; h++) {  /* AVX2: rows 0-7, then 8-15 (registers for 8) */
         if (8 * h >= nr) break;
         v16f acc[RM];
         for (int i = 0; i < mrt; i++) acc[i] = vf_zero();
-        group_tile(type, mrt, h, grp, xq, xs, xi, k, kp, gp, acc);
+        group_tile(type, mrt, h, grp, xq, xs, xi, xe, k, kp, gp, acc);
         v16f bv = bias ? vf_load_n(bias, nr, h) : vf_zero();
         for (int i = 0; i < mrt; i++)
             vf_store_n(y + i * ldy, bias ? vf_add(acc[i], bv) : acc[i], nr, h);
@@ -175,20 +194,20 @@ INL void r16_pass(const int type, const int mrt, const uint8_t *grp, int nr, con
 /* One copy per type and pass height (1-RM x rows), the switches folded away. */
 #define R16_FOR(T)                                                                          \
     static void r16_##T(const uint8_t *grp, int nr, const int8_t *xq, const float *xs,      \
-                        const int32_t *xi, int64_t mr, int64_t k, int64_t kp, int64_t gp,   \
-                        const float *bias, float *y, int64_t ldy) {                         \
+                        const int32_t *xi, const int32_t *xe, int64_t mr, int64_t k,        \
+                        int64_t kp, int64_t gp, const float *bias, float *y, int64_t ldy) { \
         for (int64_t i0 = 0; i0 < mr; i0 += RM) {                                           \
             const int8_t *q = xq + i0 * kp;                                                 \
             const float *s = xs + i0 * (kp / 4);                                            \
-            const int32_t *t = xi + i0 * gp;                                                \
+            const int32_t *t = xi + i0 * gp, *e = xe ? xe + i0 * (kp / 32) : NULL;          \
             float *o = y + i0 * ldy;                                                        \
             switch (mr - i0 < RM ? mr - i0 : RM) {                                          \
-            case 1: r16_pass(T, 1, grp, nr, q, s, t, k, kp, gp, bias, o, ldy); break;      \
-            case 2: r16_pass(T, 2, grp, nr, q, s, t, k, kp, gp, bias, o, ldy); break;      \
-            case 3: r16_pass(T, 3, grp, nr, q, s, t, k, kp, gp, bias, o, ldy); break;      \
-            case 4: r16_pass(T, 4, grp, nr, q, s, t, k, kp, gp, bias, o, ldy); break;      \
-            case 5: r16_pass(T, 5, grp, nr, q, s, t, k, kp, gp, bias, o, ldy); break;      \
-            default: r16_pass(T, RM, grp, nr, q, s, t, k, kp, gp, bias, o, ldy); break;    \
+            case 1: r16_pass(T, 1, grp, nr, q, s, t, e, k, kp, gp, bias, o, ldy); break;   \
+            case 2: r16_pass(T, 2, grp, nr, q, s, t, e, k, kp, gp, bias, o, ldy); break;   \
+            case 3: r16_pass(T, 3, grp, nr, q, s, t, e, k, kp, gp, bias, o, ldy); break;   \
+            case 4: r16_pass(T, 4, grp, nr, q, s, t, e, k, kp, gp, bias, o, ldy); break;   \
+            case 5: r16_pass(T, 5, grp, nr, q, s, t, e, k, kp, gp, bias, o, ldy); break;   \
+            default: r16_pass(T, RM, grp, nr, q, s, t, e, k, kp, gp, bias, o, ldy); break; \
             }                                                                               \
         }                                                                                   \
     }
@@ -196,27 +215,24 @@ R16_FOR(T_Q4_0) R16_FOR(T_Q4_1) R16_FOR(T_Q5_0) R16_FOR(T_Q5_1) R16_FOR(T_Q8_0)
 R16_FOR(T_Q4_K) R16_FOR(T_Q5_K) R16_FOR(T_Q6_K)
 
 void q_r16(int type, const uint8_t *grp, int nr, const int8_t *xq, const float *xs,
-           const int32_t *xi, int64_t mr, int64_t k, int64_t kp, int64_t gp, const float *bias,
-           float *y, int64_t ldy) {
+           const int32_t *xi, const int32_t *xe, int64_t mr, int64_t k, int64_t kp, int64_t gp,
+           const float *bias, float *y, int64_t ldy) {
+#define R16_CASE(T) case T: r16_##T(grp, nr, xq, xs, xi, xe, mr, k, kp, gp, bias, y, ldy); break;
     switch (type) {
-    case T_Q4_0: r16_T_Q4_0(grp, nr, xq, xs, xi, mr, k, kp, gp, bias, y, ldy); break;
-    case T_Q4_1: r16_T_Q4_1(grp, nr, xq, xs, xi, mr, k, kp, gp, bias, y, ldy); break;
-    case T_Q5_0: r16_T_Q5_0(grp, nr, xq, xs, xi, mr, k, kp, gp, bias, y, ldy); break;
-    case T_Q5_1: r16_T_Q5_1(grp, nr, xq, xs, xi, mr, k, kp, gp, bias, y, ldy); break;
-    case T_Q8_0: r16_T_Q8_0(grp, nr, xq, xs, xi, mr, k, kp, gp, bias, y, ldy); break;
-    case T_Q4_K: r16_T_Q4_K(grp, nr, xq, xs, xi, mr, k, kp, gp, bias, y, ldy); break;
-    case T_Q5_K: r16_T_Q5_K(grp, nr, xq, xs, xi, mr, k, kp, gp, bias, y, ldy); break;
-    case T_Q6_K: r16_T_Q6_K(grp, nr, xq, xs, xi, mr, k, kp, gp, bias, y, ldy); break;
+    R16_CASE(T_Q4_0) R16_CASE(T_Q4_1) R16_CASE(T_Q5_0) R16_CASE(T_Q5_1) R16_CASE(T_Q8_0)
+    R16_CASE(T_Q4_K) R16_CASE(T_Q5_K) R16_CASE(T_Q6_K)
     }
+#undef R16_CASE
 }
 
 #else
 
 void q_r16(int type, const uint8_t *grp, int nr, const int8_t *xq, const float *xs,
-           const int32_t *xi, int64_t mr, int64_t k, int64_t kp, int64_t gp, const float *bias,
-           float *y, int64_t ldy) {
+           const int32_t *xi, const int32_t *xe, int64_t mr, int64_t k, int64_t kp, int64_t gp,
+           const float *bias, float *y, int64_t ldy) {
     /* never called: tandem_q_r16_bytes is 0 in this build, so nothing is interleaved */
-    (void)type, (void)grp, (void)nr, (void)xq, (void)xs, (void)xi, (void)mr, (void)k, (void)kp;
+    (void)type, (void)grp, (void)nr, (void)xq, (void)xs, (void)xi, (void)xe, (void)mr, (void)k;
+    (void)kp;
     (void)gp, (void)bias, (void)y, (void)ldy;
 }
 

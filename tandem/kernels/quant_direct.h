@@ -17,11 +17,21 @@ int q_half(int type, const uint8_t *w0, int64_t row_bytes, int nr, const float *
            int64_t k, float *out);
 
 /* cpu_quant_r16.c: 16 interleaved rows (one group of tandem_q_r16_pack's layout at grp, nr of
- * them real) against mr rows of prepared x (xq, xs, and xi: x's integer sums per 16):
+ * them real) against mr rows of prepared x (xq, xs, and xi: x's integer sums per 16; K-quant
+ * types take x as prepare_xk leaves it, with xe):
  * y [i * ldy + j] (+ bias [j]) for i < mr, j < nr. Only where R16_KERNEL. */
 void q_r16(int type, const uint8_t *grp, int nr, const int8_t *xq, const float *xs,
-           const int32_t *xi, int64_t mr, int64_t k, int64_t kp, int64_t gp, const float *bias,
-           float *y, int64_t ldy);
+           const int32_t *xi, const int32_t *xe, int64_t mr, int64_t k, int64_t kp, int64_t gp,
+           const float *bias, float *y, int64_t ldy);
+
+/* cpu_quant_x.c: one row of x [k] rounded for the kernels (kp >= k, the tail zero): per 32
+ * (q, lane steps xs [kp / 4], step * sum and sum per 16 in xb, xi [GROUPS(kp)]), or for
+ * interleaved K-quants per 256 with sub-steps (q, D at xs [c / 256], e per 32 in xe, e * sum per
+ * 16 in xi; k a multiple of 256). */
+void prepare_x(const float *x, int64_t k, int64_t kp, int8_t *q, float *xs, float *xb,
+               int32_t *xi);
+void prepare_xk(const float *x, int64_t k, int64_t kp, int8_t *q, float *xs, int32_t *xe,
+                int32_t *xi);
 
 /* cpu_quant_pack.c: bytes of one group block (16 rows, one block position); 0: not
  * interleaved. */

@@ -25,6 +25,8 @@ INL v16i vi_zero(void) { return _mm512_setzero_si512(); }
 INL v16i vi_add(v16i a, v16i b) { return _mm512_add_epi32(a, b); }
 INL v16i vi_sub1(v16i a, int32_t b) { return _mm512_sub_epi32(a, _mm512_set1_epi32(b)); }
 INL v16i vi_mul(v16i a, v16i b) { return _mm512_mullo_epi32(a, b); }
+INL v16i vi_sub(v16i a, v16i b) { return _mm512_sub_epi32(a, b); }
+INL v16i vi_sll32(v16i a, int n) { return _mm512_slli_epi32(a, (unsigned)n); }
 /* 16 int8 or uint8 at p, one a lane. */
 INL v16i vi_widen8(const uint8_t *p, int is_signed, int h) {
     (void)h;
@@ -38,6 +40,35 @@ INL v16i vi_dot4(v16i acc, v16i w, const int8_t *x, int w_signed) {
     memcpy(&v, x, 4);
     (void)w_signed;
     return _mm512_dpbusd_epi32(acc, w, _mm512_set1_epi32(v));
+}
+/* K-quant multipliers (cpu_quant_r16.c): 16 int8 or uint8 scales at p, one a lane, in the form
+ * vi_sdot takes (here int32); vi_times multiplies them by x's e (1-8). */
+INL v16i vi_scales(const uint8_t *p, int is_signed, int h) { return vi_widen8(p, is_signed, h); }
+INL v16i vi_times(v16i m, int32_t e) { return _mm512_mullo_epi32(m, _mm512_set1_epi32(e)); }
+/* acc + m * (sum over words w < n (even) of W[w] . x[4w .. 4w + 3]): vpdpbusd in two chains,
+ * then one multiply (VNNI takes no multiplier). */
+INL v16i vi_sdot(v16i acc, const v16i *W, int n, const int8_t *x, v16i m, int group) {
+    v16i s0 = vi_zero(), s1 = vi_zero();
+    (void)group;
+    for (int w = 0; w < n; w += 2) {
+        s0 = vi_dot4(s0, W[w], x + 4 * w, 0);
+        s1 = vi_dot4(s1, W[w + 1], x + 4 * w + 4, 0);
+    }
+    return vi_add(acc, _mm512_mullo_epi32(vi_add(s0, s1), m));
+}
+/* Lane l: the 16-bit pair (a[l], b[l]) of the 16 bytes at a and b; vi_madd2 adds
+ * a[l] * ea + b[l] * eb (ea, eb within int16) to lane l. */
+INL v16i vi_pairs(const uint8_t *a, const uint8_t *b, int is_signed, int h) {
+    (void)h;
+    const __m128i va = _mm_loadu_si128((const __m128i *)a);
+    const __m128i vb = _mm_loadu_si128((const __m128i *)b);
+    const __m256i ab = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_unpacklo_epi8(va, vb)),
+                                               _mm_unpackhi_epi8(va, vb), 1);
+    return is_signed ? _mm512_cvtepi8_epi16(ab) : _mm512_cvtepu8_epi16(ab);
+}
+INL v16i vi_madd2(v16i acc, v16i pairs, int32_t ea, int32_t eb) {
+    const int32_t two = (int32_t)(((uint32_t)eb << 16) | ((uint32_t)ea & 0xFFFFu));
+    return vi_add(acc, _mm512_madd_epi16(pairs, _mm512_set1_epi32(two)));
 }
 INL v16i vi_xor(v16i a, v16i b) { return _mm512_xor_si512(a, b); }
 INL v16f vf_zero(void) { return _mm512_setzero_ps(); }
@@ -78,6 +109,8 @@ INL v16i vi_zero(void) { return _mm256_setzero_si256(); }
 INL v16i vi_add(v16i a, v16i b) { return _mm256_add_epi32(a, b); }
 INL v16i vi_sub1(v16i a, int32_t b) { return _mm256_sub_epi32(a, _mm256_set1_epi32(b)); }
 INL v16i vi_mul(v16i a, v16i b) { return _mm256_mullo_epi32(a, b); }
+INL v16i vi_sub(v16i a, v16i b) { return _mm256_sub_epi32(a, b); }
+INL v16i vi_sll32(v16i a, int n) { return _mm256_slli_epi32(a, n); }
 INL v16i vi_widen8(const uint8_t *p, int is_signed, int h) {
     __m128i b = _mm_loadl_epi64((const __m128i *)(p + 8 * h));
     return is_signed ? _mm256_cvtepi8_epi32(b) : _mm256_cvtepu8_epi32(b);
@@ -91,6 +124,41 @@ INL v16i vi_dot4(v16i acc, v16i w, const int8_t *x, int w_signed) {
     const __m256i p = w_signed ? _mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(xv, w))
                                : _mm256_maddubs_epi16(w, xv);
     return _mm256_add_epi32(acc, _mm256_madd_epi16(p, _mm256_set1_epi16(1)));
+}
+/* K-quant multipliers, as above, but in 16 bits in both halves of a lane: vpmaddwd multiplies
+ * vpmaddubsw's pair sums by them instead of by 1, so a scale costs no instruction here. */
+INL v16i vi_scales(const uint8_t *p, int is_signed, int h) {
+    const v16i v = vi_widen8(p, is_signed, h);
+    return _mm256_or_si256(_mm256_and_si256(v, _mm256_set1_epi32(0xFFFF)),
+                           _mm256_slli_epi32(v, 16));
+}
+INL v16i vi_times(v16i m, int32_t e) { return _mm256_mullo_epi16(m, _mm256_set1_epi16((short)e)); }
+/* acc + m * (sum over words w < n of W[w] . x[4w ..]), the multiplier inside vpmaddwd: the
+ * pair sums of `group` words add up in 16 bits first (one vpmaddwd per group), exact while
+ * group * 2 * u * 127 stays within int16: group 8 for u <= 15, 4 for u <= 31, 2 for u <= 63;
+ * m (|sc e| <= 1024) within int16 too. */
+INL v16i vi_sdot(v16i acc, const v16i *W, int n, const int8_t *x, v16i m, int group) {
+    v16i s0 = vi_zero(), s1 = vi_zero();
+    for (int g = 0; g < n; g += group) {
+        __m256i p = _mm256_setzero_si256();
+        for (int w = g; w < g + group; w++) {
+            int32_t v;
+            memcpy(&v, x + 4 * w, 4);
+            p = _mm256_add_epi16(p, _mm256_maddubs_epi16(W[w], _mm256_set1_epi32(v)));
+        }
+        if ((g / group) & 1) s1 = _mm256_add_epi32(s1, _mm256_madd_epi16(p, m));
+        else s0 = _mm256_add_epi32(s0, _mm256_madd_epi16(p, m));
+    }
+    return vi_add(acc, vi_add(s0, s1));
+}
+INL v16i vi_pairs(const uint8_t *a, const uint8_t *b, int is_signed, int h) {
+    const __m128i ab = _mm_unpacklo_epi8(_mm_loadl_epi64((const __m128i *)(a + 8 * h)),
+                                         _mm_loadl_epi64((const __m128i *)(b + 8 * h)));
+    return is_signed ? _mm256_cvtepi8_epi16(ab) : _mm256_cvtepu8_epi16(ab);
+}
+INL v16i vi_madd2(v16i acc, v16i pairs, int32_t ea, int32_t eb) {
+    const int32_t two = (int32_t)(((uint32_t)eb << 16) | ((uint32_t)ea & 0xFFFFu));
+    return vi_add(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi32(two)));
 }
 INL v16f vf_zero(void) { return _mm256_setzero_ps(); }
 INL v16f vf_set1(float f) { return _mm256_set1_ps(f); }

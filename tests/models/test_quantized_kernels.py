@@ -42,8 +42,13 @@ def _weight(name: str, raw: torch.Tensor, k: int) -> QuantizedWeight:
 
 def _bound(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """|y - x w^T| <= sum_e |w_e| * (ax_e / 2) (+ float rounding): each x_e is rounded to its
-    32-block's step ax = max|x| / 127, so it moves by at most half a step."""
+    32-block's step ax = max|x| / 127, so it moves by at most half a step. Against interleaved
+    K-quant weights (prepare_xk in cpu_quant.c) the step is D e, under ax + D with D the
+    256-block's max|x| / 1016: the bound takes that (a K weight's k is a multiple of 256)."""
     step = x.reshape(x.shape[0], -1, 32).abs().amax(-1, keepdim=True) / 127  # [m, k/32, 1]
+    if x.shape[1] % 256 == 0:
+        big = x.reshape(x.shape[0], -1, 256).abs().amax(-1, keepdim=True) / 1016  # [m, k/256, 1]
+        step = step + big.repeat_interleave(8, dim=1)
     half_steps = (step / 2).expand(-1, -1, 32).reshape(x.shape)               # [m, k]
     return half_steps @ w.abs().T * 1.001 + 1e-4
 
@@ -194,10 +199,55 @@ def test_interleaved_rows_hold_the_same_weight(fused, name, monkeypatch):
     assert torch.equal(packed.dequantize(), rows.dequantize())
     x = torch.randn(6, k)
     a, b = rows.matmul(x, None), packed.matmul(x, None)
-    assert ((a - b).abs() <= 1e-5 * a.abs().max()).all()
+    if name.endswith("_K"):  # x rounded per 256 with sub-steps (prepare_xk): both in the bound
+        exact = x.double() @ rows.dequantize().double().T
+        bound = _bound(x, rows.dequantize()).double()
+        assert ((a - exact).abs() <= bound).all() and ((b - exact).abs() <= bound).all()
+    else:
+        assert ((a - b).abs() <= 1e-5 * a.abs().max()).all()
     monkeypatch.setenv("TANDEM_QUANT_LAYOUT", "columns")
     with pytest.raises(ValueError, match="interleaved, rows"):
         _weight(name, raw, k)
+
+
+def _x_as_prepare_xk_rounds_it(x: torch.Tensor) -> torch.Tensor:
+    """x [m, k] rounded as cpu_quant.c's prepare_xk does, in its float32 operations (the same
+    IEEE results): per 256 D = max / 1016, per 32 e = ceil(max32 / (127 D)) in 1..8, and
+    x = D e round(x / (D e)), half to even."""
+    xb = x.reshape(x.shape[0], -1, 8, 32)                                 # [m, k/256, 8, 32]
+    m32 = xb.abs().amax(-1)                                               # [m, k/256, 8]
+    d = m32.amax(-1, keepdim=True) / 1016.0                               # [m, k/256, 1]
+    e = torch.where(d > 0, torch.ceil(m32 / (127.0 * d)), 1.0).clamp(1, 8)
+    step = (d * e).unsqueeze(-1)                                          # [m, k/256, 8, 1]
+    q = torch.round(xb * torch.where(step > 0, 1.0 / step, 0.0)).clamp(-127, 127)
+    return (q.double() * step.double()).reshape(x.shape)
+
+
+@pytest.mark.parametrize("name", ["Q4_K", "Q5_K", "Q6_K"])
+def test_interleaved_k_weights_multiply_x_rounded_per_256_with_sub_steps(fused, name):
+    """Against 16 interleaved K-quant rows every scale goes into the integer sums and one float
+    step per 256 remains: the result is the exact product of the weight with x rounded as
+    prepare_xk rounds it, up to float32 rounding. The 32s' magnitudes differ by up to 1000x, so
+    rounding per 256 alone (llama.cpp's Q8_K) or per 32 is off by far more than that."""
+    k = 1024
+    raw = random_blocks(name, 37, k, seed=5)
+    w = _weight(name, raw, k)
+    if not isinstance(w.segments[0], PackedQuant):
+        pytest.skip("this build keeps rows in GGUF's order")
+    g = torch.Generator().manual_seed(6)
+    x = torch.randn(5, k, generator=g) * 10 ** torch.empty(5, k // 32, 1).uniform_(
+        -2, 1, generator=g).expand(-1, -1, 32).reshape(5, k)
+    ref = w.dequantize().double()
+    expected = _x_as_prepare_xk_rounds_it(x) @ ref.T
+    tol = 2e-6 * (x.abs().double() @ ref.abs().T) + 1e-6
+    for rows in (1, 5):
+        err = (w.matmul(x[:rows], None).double() - expected[:rows]).abs()
+        assert (err <= tol[:rows]).all(), float(err.max())
+    for size in (256, 32):  # the other roundings would fail the test
+        blocks = x.reshape(5, -1, size)
+        step = blocks.abs().amax(-1, keepdim=True) / 127
+        other = (torch.round(blocks / step) * step).reshape(5, k).double() @ ref.T
+        assert ((other - expected).abs() > 10 * tol).any()
 
 
 def test_interleaved_rows_get_the_same_bits_from_avx2_and_avx512(native_library, avx2_library,
