@@ -190,8 +190,10 @@ int tandem_qlinear(const float *x, const int64_t *desc, const float *bias, float
     int64_t kp = (k + STEP - 1) / STEP * STEP, xrows = m < XCHUNK ? m : XCHUNK;
     int64_t gp = GROUPS(kp);
     int kx = 0, plain = 0;  /* x wanted as prepare_xk (interleaved K-quants), prepare_x */
-    for (int64_t s = 0; s < nseg; s++)
-        *(seg[s].r16 && q_block(seg[s].type) == 256 ? &kx : &plain) = 1;
+    for (int64_t s = 0; s < nseg; s++) {
+        if (seg[s].r16 && q_block(seg[s].type) == 256) kx = 1;
+        else plain = 1;
+    }
     /* q, xs (kp/4), xb, xi; then q, xs, xi, xe (kp/32) of prepare_xk */
     size_t per_row = (size_t)(kp + kp + 8 * gp) + (kx ? (size_t)(2 * kp + 4 * gp + kp / 8) : 0);
     uint8_t *xbuf = malloc((size_t)xrows * per_row);

@@ -138,10 +138,12 @@ def test_a_row_gets_the_same_bits_at_any_batch_and_thread_count(fused, name):
     assert torch.equal(one, full) and torch.equal(two, full)
 
 
-def test_segments_of_different_types_are_one_weight(fused):
+@pytest.mark.parametrize("k,parts", [
+    (128, [("Q5_0", 24), ("Q5_0", 8), ("Q8_0", 8), ("Q4_1", 3)]),
+    # K-quants and 32-element types in one matmul: x rounded both ways in one call
+    (512, [("Q4_K", 32), ("Q8_0", 16), ("Q6_K", 21), ("Q5_0", 16), ("Q5_K", 16)])])
+def test_segments_of_different_types_are_one_weight(fused, k, parts):
     """A Q4_K_M file's fused q/k/v projection: Q5_0, Q5_0 and Q8_0 rows in one matmul."""
-    k = 128
-    parts = [("Q5_0", 24), ("Q5_0", 8), ("Q8_0", 8), ("Q4_1", 3)]
     raws = [RawQuant(quant.KERNEL_TYPES[n], random_blocks(n, r, k, seed=i), k, n)
             for i, (n, r) in enumerate(parts)]
     w = QuantizedWeight(raws)
