@@ -97,7 +97,9 @@ INL void group_tile(const int type, const int mrt, const int h, const uint8_t *g
             for (int i = 0; i < mrt; i++) {
                 const float dx = xs[i * (kp / 4) + e0 / 4];
                 const int32_t qs = xi[i * gp + e0 / 16] + xi[i * gp + e0 / 16 + 1];
-                v16i s = dot8(W, xq + i * kp + e0, sgn);  /* the same integer either way */
+                /* the same integer either way; u <= 15 or 31 sums in 16 bits on AVX2 */
+                v16i s = type == T_Q8_0 ? dot8(W, xq + i * kp + e0, sgn)
+                                        : vi_dot8g(W, xq + i * kp + e0, q5 ? 4 : 8);
                 if (type == T_Q4_0) s = vi_sub1(s, 8 * qs);
                 if (type == T_Q5_0) s = vi_sub1(s, 16 * qs);
                 if (type == T_Q8_0 && !sgn) s = vi_sub1(s, 128 * qs);

@@ -56,6 +56,17 @@ INL v16i vi_sdot(v16i acc, const v16i *W, int n, const int8_t *x, v16i m, int gr
     }
     return vi_add(acc, _mm512_mullo_epi32(vi_add(s0, s1), m));
 }
+/* sum over 8 words w of W[w] . x[4w ..] for unsigned u <= 15 (group 8) or 31 (group 4): here
+ * vpdpbusd in two chains (the group matters to AVX2 alone). */
+INL v16i vi_dot8g(const v16i *W, const int8_t *x, int group) {
+    (void)group;
+    v16i s0 = vi_zero(), s1 = vi_zero();
+    for (int w = 0; w < 8; w += 2) {
+        s0 = vi_dot4(s0, W[w], x + 4 * w, 0);
+        s1 = vi_dot4(s1, W[w + 1], x + 4 * w + 4, 0);
+    }
+    return vi_add(s0, s1);
+}
 /* Lane l: the 16-bit pair (a[l], b[l]) of the 16 bytes at a and b; vi_madd2 adds
  * a[l] * ea + b[l] * eb (ea, eb within int16) to lane l. */
 INL v16i vi_pairs(const uint8_t *a, const uint8_t *b, int is_signed, int h) {
@@ -150,6 +161,10 @@ INL v16i vi_sdot(v16i acc, const v16i *W, int n, const int8_t *x, v16i m, int gr
         else s0 = _mm256_add_epi32(s0, _mm256_madd_epi16(p, m));
     }
     return vi_add(acc, vi_add(s0, s1));
+}
+/* As on AVX-512, with the pair sums of `group` words added in 16 bits first (vi_sdot). */
+INL v16i vi_dot8g(const v16i *W, const int8_t *x, int group) {
+    return vi_sdot(vi_zero(), W, 8, x, _mm256_set1_epi16(1), group);
 }
 INL v16i vi_pairs(const uint8_t *a, const uint8_t *b, int is_signed, int h) {
     const __m128i ab = _mm_unpacklo_epi8(_mm_loadl_epi64((const __m128i *)(a + 8 * h)),
