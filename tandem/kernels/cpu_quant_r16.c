@@ -234,8 +234,7 @@ void q_r16(int type, const uint8_t *grp, int nr, const int8_t *xq, const float *
            const float *bias, float *y, int64_t ldy) {
     /* never called: tandem_q_r16_bytes is 0 in this build, so nothing is interleaved */
     (void)type, (void)grp, (void)nr, (void)xq, (void)xs, (void)xi, (void)xe, (void)mr, (void)k;
-    (void)kp;
-    (void)gp, (void)bias, (void)y, (void)ldy;
+    (void)kp, (void)gp, (void)bias, (void)y, (void)ldy;
 }
 
 #endif

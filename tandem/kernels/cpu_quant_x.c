@@ -5,7 +5,7 @@
 #include "quant_format.h"
 #include "quant_direct.h"
 
-/* max |x| over 32: a compare the compiler vectorizes (fmaxf stayed a libm call per element);
+/* max |x| over 32: a compare, inlined (fmaxf stayed a libm call per element here);
  * the same result, a NaN ignored as fmaxf ignores it. */
 static inline float amax32(const float *x) {
     float m = 0.0f;

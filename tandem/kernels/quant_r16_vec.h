@@ -45,27 +45,24 @@ INL v16i vi_dot4(v16i acc, v16i w, const int8_t *x, int w_signed) {
  * vi_sdot takes (here int32); vi_times multiplies them by x's e (1-8). */
 INL v16i vi_scales(const uint8_t *p, int is_signed, int h) { return vi_widen8(p, is_signed, h); }
 INL v16i vi_times(v16i m, int32_t e) { return _mm512_mullo_epi32(m, _mm512_set1_epi32(e)); }
-/* acc + m * (sum over words w < n (even) of W[w] . x[4w .. 4w + 3]): vpdpbusd in two chains,
- * then one multiply (VNNI takes no multiplier). */
-INL v16i vi_sdot(v16i acc, const v16i *W, int n, const int8_t *x, v16i m, int group) {
+/* sum over words w < n (even) of W[w] . x[4w .. 4w + 3]: vpdpbusd in two chains (latency). */
+INL v16i vi_dotn(const v16i *W, int n, const int8_t *x) {
     v16i s0 = vi_zero(), s1 = vi_zero();
-    (void)group;
     for (int w = 0; w < n; w += 2) {
         s0 = vi_dot4(s0, W[w], x + 4 * w, 0);
         s1 = vi_dot4(s1, W[w + 1], x + 4 * w + 4, 0);
     }
-    return vi_add(acc, _mm512_mullo_epi32(vi_add(s0, s1), m));
+    return vi_add(s0, s1);
 }
-/* sum over 8 words w of W[w] . x[4w ..] for unsigned u <= 15 (group 8) or 31 (group 4): here
- * vpdpbusd in two chains (the group matters to AVX2 alone). */
+/* acc + m * (the same sum), one multiply after (VNNI takes no multiplier); and the sum over 8
+ * words for unsigned u <= 15 (group 8) or 31 (group 4). The group matters to AVX2 alone. */
+INL v16i vi_sdot(v16i acc, const v16i *W, int n, const int8_t *x, v16i m, int group) {
+    (void)group;
+    return vi_add(acc, _mm512_mullo_epi32(vi_dotn(W, n, x), m));
+}
 INL v16i vi_dot8g(const v16i *W, const int8_t *x, int group) {
     (void)group;
-    v16i s0 = vi_zero(), s1 = vi_zero();
-    for (int w = 0; w < 8; w += 2) {
-        s0 = vi_dot4(s0, W[w], x + 4 * w, 0);
-        s1 = vi_dot4(s1, W[w + 1], x + 4 * w + 4, 0);
-    }
-    return vi_add(s0, s1);
+    return vi_dotn(W, 8, x);
 }
 /* Lane l: the 16-bit pair (a[l], b[l]) of the 16 bytes at a and b; vi_madd2 adds
  * a[l] * ea + b[l] * eb (ea, eb within int16) to lane l. */
