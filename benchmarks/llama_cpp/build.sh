@@ -14,12 +14,20 @@
 #
 # Usage:  build.sh            build if needed; prints the bin dir as the last line
 #         build.sh --print    print the bin dir if it is already built, else exit 1 (no build)
+# With LLAMA_CPP_ISA=avx2 the build is for AVX2 with FMA and F16C alone (no AVX-512, no VNNI):
+# the peer of tandem held to AVX2 (peer.py --isa avx2) on a CPU that has more.
 # On a shared machine run the build as:  flock -s /tmp/tandem-heavy.lock nice -n 19 build.sh
 set -euo pipefail
 
 VERSION=11434.0.0
 CACHE="${TANDEM_CACHE_DIR:-$HOME/.cache/tandem}/llama.cpp"
-FLAGS=(-DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF
+case "${LLAMA_CPP_ISA:-native}" in
+    native) ISA=(-DGGML_NATIVE=ON) ;;
+    avx2) ISA=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON
+               -DGGML_BMI2=ON -DGGML_AVX512=OFF -DGGML_AVX_VNNI=OFF) ;;
+    *) echo "LLAMA_CPP_ISA: 'native' or 'avx2', got '$LLAMA_CPP_ISA'" >&2; exit 2 ;;
+esac
+FLAGS=(-DCMAKE_BUILD_TYPE=Release "${ISA[@]}" -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF
        -DLLAMA_OPENSSL=OFF
        # No network here: without this, cmake tries to fetch the server's web UI from the HF
        # Hub at build time. Benchmarks only use the HTTP API, so build without the UI.

@@ -5,6 +5,7 @@ Run it under the machine's exclusive timing lock, in tandem's venv (build.sh fir
 
     flock -x /tmp/tandem-heavy.lock /work/main/.venv/bin/python benchmarks/llama_cpp/peer.py
         [--side both|llama|tandem] [--files smollm2-q4_1,gemma3-q4_k_m] [--threads 2] [--rounds 3]
+        [--isa avx2]   (both sides held to AVX2; build.sh with LLAMA_CPP_ISA=avx2 first)
     python peer.py server FILE [--port 8090]         # llama-server on loopback; prints URL, pid
     python peer.py spec --target T --draft D [--k 3]  # llama-speculative-simple vs plain
 
@@ -40,6 +41,22 @@ RESULTS = ROOT / "benchmarks" / "results" / "llama_cpp"
 TANDEM = Path(sys.executable).parent / "tandem"  # the `tandem` of the venv running this script
 
 
+# `--isa avx2`: both sides as on a CPU with AVX2, FMA and F16C alone, on one that has more:
+# llama.cpp built so (build.sh with LLAMA_CPP_ISA=avx2), tandem's kernels built for haswell and
+# torch's held to AVX2 (as benchmarks/isa.sh does). Inherited by every command run() starts.
+HOLD_AVX2 = {"LLAMA_CPP_ISA": "avx2", "TANDEM_CPU_MARCH": "haswell", "ATEN_CPU_CAPABILITY": "avx2",
+             "MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+
+
+def hold_isa(isa: str) -> None:
+    if isa == "avx2":
+        flags = set(dict(re.findall(r"^([^:\n]+):\s*(.*)$", subprocess.run(
+            ["lscpu"], capture_output=True, text=True).stdout, re.M)).get("Flags", "").split())
+        if not {"avx2", "fma", "f16c"} <= flags:
+            raise SystemExit("--isa avx2: this CPU lacks AVX2, FMA or F16C")
+        os.environ.update(HOLD_AVX2)
+
+
 def cpu() -> dict:
     """What decides the speed of -march=native code: the model, and AVX2 vs AVX-512."""
     info = dict(re.findall(r"^([^:\n]+):\s*(.*)$", subprocess.run(
@@ -48,13 +65,16 @@ def cpu() -> dict:
     return {"name": info.get("Model name"), "family": info.get("CPU family"),
             "model": info.get("Model"), "cpus": os.cpu_count(),
             "avx2": "avx2" in flags, "avx512f": "avx512f" in flags,
-            "avx512_vnni": "avx512_vnni" in flags}
+            "avx512_vnni": "avx512_vnni" in flags,
+            "held_to": os.environ.get("LLAMA_CPP_ISA")}  # set by hold_isa
 
 
 def cpu_line(c: dict) -> str:
     isa = "AVX-512" + (" (VNNI)" if c["avx512_vnni"] else "") if c["avx512f"] else \
         "AVX2" if c["avx2"] else "no AVX2"
-    return f"{c['name']} (family {c['family']}, model {c['model']}, {isa}, {c['cpus']} cpus)"
+    held = f", both sides held to {c['held_to'].upper()}" if c.get("held_to") else ""
+    return (f"{c['name']} (family {c['family']}, model {c['model']}, {isa}, {c['cpus']} cpus"
+            f"{held})")
 
 
 def run(cmd: list, timeout: float = 1800, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -188,7 +208,7 @@ def bench(args) -> None:
               f"{fmt(r.get('tandem_16')):>9} {r['ratio_16'] or '-':>5}")
     print(f"ratios are tandem / llama.cpp (medians of per-round ratios); CPU: {cpu_line(c)}")
     save("peer", {"cpu": c, "threads": args.threads, "side": args.side, "rounds": args.rounds,
-                  "rows": rows})
+                  "isa": args.isa, "rows": rows})
 
 
 def server(args) -> None:
@@ -262,6 +282,8 @@ def main() -> None:
                    help="measure each file this many times, the sides taking turns to go first")
     p.add_argument("--side", choices=("both", "llama", "tandem"), default="both")
     p.add_argument("--files", default=None, help="comma-separated labels or paths (default: all)")
+    p.add_argument("--isa", choices=("native", "avx2"), default="native",
+                   help="avx2: both sides held to AVX2 with FMA and F16C (before a mode)")
     p.set_defaults(func=bench)
     sub = p.add_subparsers(dest="mode")
     s = sub.add_parser("server", help="start llama-server on 127.0.0.1 and print its URL/pid")
@@ -280,6 +302,7 @@ def main() -> None:
     s.add_argument("--side", choices=("both", "llama", "tandem"), default="both")
     s.set_defaults(func=spec)
     args = p.parse_args()
+    hold_isa(args.isa)
     args.func(args)
 
 
