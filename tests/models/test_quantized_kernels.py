@@ -43,7 +43,7 @@ def _weight(name: str, raw: torch.Tensor, k: int) -> QuantizedWeight:
 def _bound(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """|y - x w^T| <= sum_e |w_e| * (ax_e / 2) (+ float rounding): each x_e is rounded to its
     32-block's step ax = max|x| / 127, so it moves by at most half a step. Against interleaved
-    K-quant weights (prepare_xk in cpu_quant.c) the step is D e, under ax + D with D the
+    K-quant weights (prepare_xk in cpu_quant_x.c) the step is D e, under ax + D with D the
     256-block's max|x| / 1016: the bound takes that (a K weight's k is a multiple of 256)."""
     step = x.reshape(x.shape[0], -1, 32).abs().amax(-1, keepdim=True) / 127  # [m, k/32, 1]
     if x.shape[1] % 256 == 0:
@@ -143,7 +143,8 @@ def test_a_row_gets_the_same_bits_at_any_batch_and_thread_count(fused, name):
     # K-quants and 32-element types in one matmul: x rounded both ways in one call
     (512, [("Q4_K", 32), ("Q8_0", 16), ("Q6_K", 21), ("Q5_0", 16), ("Q5_K", 16)])])
 def test_segments_of_different_types_are_one_weight(fused, k, parts):
-    """A Q4_K_M file's fused q/k/v projection: Q5_0, Q5_0 and Q8_0 rows in one matmul."""
+    """A Q4_K_M file's fused q/k/v projection: Q5_0, Q5_0 and Q8_0 rows in one matmul (and
+    K-quant segments beside 32-element ones)."""
     raws = [RawQuant(quant.KERNEL_TYPES[n], random_blocks(n, r, k, seed=i), k, n)
             for i, (n, r) in enumerate(parts)]
     w = QuantizedWeight(raws)
@@ -213,7 +214,7 @@ def test_interleaved_rows_hold_the_same_weight(fused, name, monkeypatch):
 
 
 def _x_as_prepare_xk_rounds_it(x: torch.Tensor) -> torch.Tensor:
-    """x [m, k] rounded as cpu_quant.c's prepare_xk does, in its float32 operations (the same
+    """x [m, k] rounded as cpu_quant_x.c's prepare_xk does, in its float32 operations (the same
     IEEE results): per 256 D = max / 1016, per 32 e = ceil(max32 / (127 D)) in 1..8, and
     x = D e round(x / (D e)), half to even."""
     xb = x.reshape(x.shape[0], -1, 8, 32)                                 # [m, k/256, 8, 32]
