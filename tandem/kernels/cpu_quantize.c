@@ -1,4 +1,4 @@
-/* Float32 rows -> GGUF blocks (Q8_0, Q4_0, Q4_K): quantizing a float checkpoint at load
+/* Float32 rows -> GGUF blocks (Q8_0, Q4_0, Q4_K, Q6_K): quantizing a float checkpoint at load
  * (tandem/layers/quantized.py), tensor by tensor, so a model never exists in float32 whole.
  *
  * Q8_0 and Q4_0 follow ggml's reference rounding (scale from the largest magnitude). Q4_K takes
@@ -78,12 +78,61 @@ static void q4_k(const float *x, uint8_t *p) { /* 256 -> 144 bytes */
     }
 }
 
+/* 256 -> 210 bytes: ql [128] (low 4 bits), qh [64] (high 2), int8 scales [16] per 16
+ * elements, d (float16). Each 16's step puts its largest magnitude at -32 (as ggml's reference,
+ * without its search), or, where a value of the other sign would round past 31, that value at
+ * 31.5; coded as d * sc with d = the largest step / -128 and |sc| rounded up, so the step never
+ * shrinks below what the 16 need: every element is within half a step; u = q + 32. Element
+ * order as ggml's: in each half of 128, ql [l] and ql [l + 32] hold elements l, l + 32 (low
+ * nibbles) and l + 64, l + 96 (high), and qh [l] their high bits at 0, 2, 4, 6. */
+static void q6_k(const float *x, uint8_t *p) {
+    float sc[16], big = 0.0f;
+    for (int g = 0; g < 16; g++) {
+        float ext = 0.0f, opp = 0.0f;  /* the largest magnitude, and the largest of other sign */
+        for (int l = 0; l < 16; l++)
+            if (fabsf(x[16 * g + l]) > fabsf(ext)) ext = x[16 * g + l];
+        for (int l = 0; l < 16; l++) {
+            const float v = x[16 * g + l];
+            if (v * ext < 0.0f && fabsf(v) > opp) opp = fabsf(v);
+        }
+        const float step = fmaxf(fabsf(ext) / 32.0f, opp / 31.5f);  /* q in -32..31 unclipped */
+        sc[g] = ext > 0.0f ? -step : step;
+        if (fabsf(sc[g]) > fabsf(big)) big = sc[g];
+    }
+    put_f16(p + 208, big / -128.0f);
+    const float d = f16_at(p + 208);
+    uint8_t *ql = p, *qh = p + 128, u[256];
+    int8_t *scales = (int8_t *)(p + 192);
+    for (int g = 0; g < 16; g++) {  /* |code| rounded up: no element of the 16 is clipped */
+        int c = d != 0.0f ? (int)ceilf(fabsf(sc[g] / d)) : 0;
+        c = (sc[g] / d < 0.0f) ? (c > 128 ? -128 : -c) : (c > 127 ? 127 : c);
+        scales[g] = (int8_t)c;
+        const float a = d * (float)c;
+        for (int l = 0; l < 16; l++) {
+            int q = a != 0.0f ? (int)nearbyintf(x[16 * g + l] / a) : 0;
+            q = q > 31 ? 31 : q < -32 ? -32 : q;
+            u[16 * g + l] = (uint8_t)(q + 32);
+        }
+    }
+    for (int n = 0; n < 2; n++)
+        for (int l = 0; l < 32; l++) {
+            const uint8_t *v = u + 128 * n + l;  /* elements l, l + 32, l + 64, l + 96 */
+            ql[64 * n + l] = (uint8_t)((v[0] & 0xF) | (v[64] & 0xF) << 4);
+            ql[64 * n + l + 32] = (uint8_t)((v[32] & 0xF) | (v[96] & 0xF) << 4);
+            qh[32 * n + l] = (uint8_t)(v[0] >> 4 | (v[32] >> 4) << 2 | (v[64] >> 4) << 4
+                                       | (v[96] >> 4) << 6);
+        }
+}
+
 /* x [rows, k] -> out [rows, k / block * block bytes] in ggml type `type` (8 Q8_0, 2 Q4_0,
- * 12 Q4_K). Returns -1 (nothing written) for another type or a k the blocks do not divide. */
+ * 12 Q4_K, 14 Q6_K). Returns -1 (nothing written) for another type or a k the blocks do not
+ * divide. */
 int tandem_quantize(const float *x, int64_t rows, int64_t k, int type, uint8_t *out,
                     int threads) {
-    int64_t block = type == 12 ? 256 : 32, bytes = type == 8 ? 34 : type == 2 ? 18 : 144;
-    if ((type != 8 && type != 2 && type != 12) || k % block || rows < 0) return -1;
+    const int known = type == 8 || type == 2 || type == 12 || type == 14;
+    int64_t block = type == 12 || type == 14 ? 256 : 32;
+    int64_t bytes = type == 8 ? 34 : type == 2 ? 18 : type == 12 ? 144 : 210;
+    if (!known || k % block || rows < 0) return -1;
     int64_t row_bytes = k / block * bytes;
     (void)threads;
 #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && rows > 16)
@@ -93,7 +142,8 @@ int tandem_quantize(const float *x, int64_t rows, int64_t k, int type, uint8_t *
             uint8_t *dst = out + r * row_bytes + c / block * bytes;
             if (type == 8) q8_0(src, dst);
             else if (type == 2) q4_0(src, dst);
-            else q4_k(src, dst);
+            else if (type == 12) q4_k(src, dst);
+            else q6_k(src, dst);
         }
     return 0;
 }

@@ -23,8 +23,9 @@ _PAGE = mmap.PAGESIZE
 # ggml type ids (gguf.GGMLQuantizationType) that the kernels multiply as they are.
 KERNEL_TYPES = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "Q4_K": 12, "Q5_K": 13,
                 "Q6_K": 14, "F16": 1, "BF16": 30}
-# ...and those a float checkpoint can be quantized to at load (the `quantization` values).
-QUANTIZE_TYPES = {"q8_0": 8, "q4_0": 2, "q4_k": 12}
+# ...and those a float checkpoint can be quantized to at load: the `quantization` values, and
+# q6_k, which only the vocabulary tables of a q4_k model take (layers/embedding.py).
+QUANTIZE_TYPES = {"q8_0": 8, "q4_0": 2, "q4_k": 12, "q6_k": 14}
 
 
 def _lib():
@@ -121,7 +122,7 @@ def _drop_pages(t: torch.Tensor) -> None:
 
 
 def quantize(x: torch.Tensor, ggml_type: int) -> torch.Tensor:
-    """x [rows, k] float32 -> uint8 [rows, k / block * block bytes] (Q8_0, Q4_0 or Q4_K)."""
+    """x [rows, k] float32 -> uint8 [rows, k / block * block bytes] (Q8_0, Q4_0, Q4_K, Q6_K)."""
     x = x.detach().to(torch.float32).contiguous()
     rows, k = x.shape
     block, nbytes = block_shape(ggml_type)

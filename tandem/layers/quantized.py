@@ -40,7 +40,7 @@ _mode: contextvars.ContextVar[Optional[str]] = contextvars.ContextVar("quantized
 @contextlib.contextmanager
 def quantized_build(mode: Optional[str]) -> Iterator[None]:
     """Layers built inside keep their weights quantized: mode "gguf" (the file's own blocks),
-    "q8_0", "q4_0" or "q4_k" (float rows quantized at load); None: float weights."""
+    "q8_0", "q4_0", "q4_k" or "q6_k" (float rows quantized at load); None: float weights."""
     token = _mode.set(mode)
     try:
         yield
@@ -217,17 +217,18 @@ _fallbacks_logged: set[tuple[str, int]] = set()
 
 
 def quantize_rows(rows: torch.Tensor, mode: str) -> Union[RawQuant, torch.Tensor]:
-    """Float rows [r, k] -> blocks of `mode` (q8_0, q4_0, q4_k). Q4_K needs rows of a multiple
-    of 256 elements: shorter ones take Q4_0 (logged once per width), as llama.cpp falls back
-    for such tensors."""
+    """Float rows [r, k] -> blocks of `mode` (q8_0, q4_0, q4_k, q6_k). K-quants need rows of a
+    multiple of 256 elements: shorter ones take Q4_0 (Q8_0 for Q6_K; logged once per width), as
+    llama.cpp falls back for such tensors."""
     cols = rows.shape[1]
     name = mode
-    if mode == "q4_k" and cols % 256:
-        name = "q4_0"
+    if mode in ("q4_k", "q6_k") and cols % 256:
+        name = "q4_0" if mode == "q4_k" else "q8_0"
         if (mode, cols) not in _fallbacks_logged:
             _fallbacks_logged.add((mode, cols))
-            logger.info("quantization=q4_k: rows of %d elements are not a multiple of 256; "
-                        "they take Q4_0 instead", cols)
+            logger.info("%s: rows of %d elements are not a multiple of 256; they take %s "
+                        "instead", "quantization=q4_k" if mode == "q4_k" else "a q4_k model's "
+                        "vocabulary table (Q6_K)", cols, name.upper())
     if cols % 32:
         return rows.float()  # no block format divides it: stays float32 (counted at finish)
     ggml_type = quant.QUANTIZE_TYPES[name]

@@ -59,7 +59,7 @@ def test_q4_k_speculation_and_the_fused_stack(wide_llama, prompts, native_librar
     monkeypatch.setattr(llama, "fused_stack", counting)
     llm = LLM(wide_llama, quantization="q4_k")
     kinds = {t for m in llm.llm_engine.model.modules() if is_quantized(m) for t in m.qweight.types}
-    assert kinds == {"Q4_K", "Q8_0"}  # the linear layers, and the embedding table
+    assert kinds == {"Q4_K", "Q6_K"}  # the linear layers, and the embedding table (Q4_K_M's)
     fused = _tokens(llm, prompts)
     assert calls["fused"] > 0  # decode steps ran the whole quantized stack in one call
     spec = LLM(wide_llama, quantization="q4_k", speculative_config={

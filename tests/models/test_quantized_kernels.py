@@ -157,7 +157,8 @@ def test_segments_of_different_types_are_one_weight(fused, k, parts):
 
 @pytest.mark.parametrize("mode,name,max_err", [("q8_0", "Q8_0", 0.5 / 127),
                                                ("q4_0", "Q4_0", 1 / 8),
-                                               ("q4_k", "Q4_K", 1 / 15)])
+                                               ("q4_k", "Q4_K", 1 / 15),
+                                               ("q6_k", "Q6_K", 1 / 64)])
 def test_quantizing_writes_blocks_the_reference_reads(fused, mode, name, max_err):
     x = torch.randn(16, 512)
     raw = quant.quantize(x, quant.QUANTIZE_TYPES[mode])
