@@ -48,20 +48,23 @@ HOLD_AVX2 = {"LLAMA_CPP_ISA": "avx2", "TANDEM_CPU_MARCH": "haswell", "ATEN_CPU_C
              "MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
 
 
+def lscpu() -> tuple[dict, set]:
+    """lscpu's fields, and its CPU flags."""
+    info = dict(re.findall(r"^([^:\n]+):\s*(.*)$", subprocess.run(
+        ["lscpu"], capture_output=True, text=True).stdout, re.M))
+    return info, set(info.get("Flags", "").split())
+
+
 def hold_isa(isa: str) -> None:
     if isa == "avx2":
-        flags = set(dict(re.findall(r"^([^:\n]+):\s*(.*)$", subprocess.run(
-            ["lscpu"], capture_output=True, text=True).stdout, re.M)).get("Flags", "").split())
-        if not {"avx2", "fma", "f16c"} <= flags:
+        if not {"avx2", "fma", "f16c"} <= lscpu()[1]:
             raise SystemExit("--isa avx2: this CPU lacks AVX2, FMA or F16C")
         os.environ.update(HOLD_AVX2)
 
 
 def cpu() -> dict:
     """What decides the speed of -march=native code: the model, and AVX2 vs AVX-512."""
-    info = dict(re.findall(r"^([^:\n]+):\s*(.*)$", subprocess.run(
-        ["lscpu"], capture_output=True, text=True).stdout, re.M))
-    flags = set(info.get("Flags", "").split())
+    info, flags = lscpu()
     return {"name": info.get("Model name"), "family": info.get("CPU family"),
             "model": info.get("Model"), "cpus": os.cpu_count(),
             "avx2": "avx2" in flags, "avx512f": "avx512f" in flags,

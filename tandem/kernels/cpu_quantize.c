@@ -104,8 +104,9 @@ static void q6_k(const float *x, uint8_t *p) {
     uint8_t *ql = p, *qh = p + 128, u[256];
     int8_t *scales = (int8_t *)(p + 192);
     for (int g = 0; g < 16; g++) {  /* |code| rounded up: no element of the 16 is clipped */
-        int c = d != 0.0f ? (int)ceilf(fabsf(sc[g] / d)) : 0;
-        c = (sc[g] / d < 0.0f) ? (c > 128 ? -128 : -c) : (c > 127 ? 127 : c);
+        const float r = d != 0.0f ? sc[g] / d : 0.0f;
+        int c = (int)ceilf(fabsf(r));
+        c = r < 0.0f ? -(c > 128 ? 128 : c) : (c > 127 ? 127 : c);
         scales[g] = (int8_t)c;
         const float a = d * (float)c;
         for (int l = 0; l < 16; l++) {
@@ -129,10 +130,9 @@ static void q6_k(const float *x, uint8_t *p) {
  * divide. */
 int tandem_quantize(const float *x, int64_t rows, int64_t k, int type, uint8_t *out,
                     int threads) {
-    const int known = type == 8 || type == 2 || type == 12 || type == 14;
-    int64_t block = type == 12 || type == 14 ? 256 : 32;
-    int64_t bytes = type == 8 ? 34 : type == 2 ? 18 : type == 12 ? 144 : 210;
-    if (!known || k % block || rows < 0) return -1;
+    if ((type != 8 && type != 2 && type != 12 && type != 14) || rows < 0) return -1;
+    const int64_t block = tandem_q_block(type), bytes = tandem_q_block_bytes(type);
+    if (k % block) return -1;
     int64_t row_bytes = k / block * bytes;
     (void)threads;
 #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && rows > 16)

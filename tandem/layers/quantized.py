@@ -226,9 +226,10 @@ def quantize_rows(rows: torch.Tensor, mode: str) -> Union[RawQuant, torch.Tensor
         name = "q4_0" if mode == "q4_k" else "q8_0"
         if (mode, cols) not in _fallbacks_logged:
             _fallbacks_logged.add((mode, cols))
+            what = ("quantization=q4_k" if mode == "q4_k"
+                    else "a q4_k model's vocabulary table (Q6_K)")
             logger.info("%s: rows of %d elements are not a multiple of 256; they take %s "
-                        "instead", "quantization=q4_k" if mode == "q4_k" else "a q4_k model's "
-                        "vocabulary table (Q6_K)", cols, name.upper())
+                        "instead", what, cols, name.upper())
     if cols % 32:
         return rows.float()  # no block format divides it: stays float32 (counted at finish)
     ggml_type = quant.QUANTIZE_TYPES[name]

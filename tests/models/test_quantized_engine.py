@@ -70,6 +70,14 @@ def test_q4_k_speculation_and_the_fused_stack(wide_llama, prompts, native_librar
     assert _tokens(LLM(wide_llama, quantization="q4_k"), prompts) == fused  # layer by layer
 
 
+def test_q4_k_falls_back_where_256_does_not_divide_a_row(tiny_dirs, native_library):
+    """Rows of the tiny llama are not a multiple of 256: its linear layers take Q4_0 and its
+    vocabulary tables Q8_0 instead of Q4_K and Q6_K."""
+    llm = LLM(tiny_dirs["llama"], quantization="q4_k")
+    kinds = {t for m in llm.llm_engine.model.modules() if is_quantized(m) for t in m.qweight.types}
+    assert kinds == {"Q4_0", "Q8_0"}
+
+
 def test_a_tli_draft_on_quantized_weights_stays_lossless(tiny_dirs, tli_draft, prompts,
                                                          native_library):
     plain = _tokens(LLM(tiny_dirs["llama"], quantization="q8_0"), prompts)
