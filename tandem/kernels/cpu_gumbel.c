@@ -21,7 +21,7 @@
 #define STEPS_PER_NAT 8
 #define M_LO (-4.0)   /* below G_MIN (-3.13): every hash may win */
 #define M_HI 23.0     /* above G_MAX (22.87): no hash can win */
-#define TABLE ((int)((M_HI - M_LO) * STEPS_PER_NAT) + 1)
+#define TABLE ((23 + 4) * STEPS_PER_NAT + 1) /* (M_HI - M_LO) * STEPS_PER_NAT + 1, in integers */
 
 static uint32_t H_MIN[TABLE];  /* h < H_MIN[b] => g(h) < M_LO + b / STEPS_PER_NAT */
 

@@ -1,6 +1,6 @@
 /* The quantized matmul on weights interleaved 16 rows at a time (layout: cpu_quant_pack.c;
  * 16 lanes: quant_r16_vec.h). One vpdpbusd (AVX-512 VNNI; AVX2: vpmaddubsw + vpmaddwd on two
- * halves) multiplies 4 bytes of an x row, broadcast, with the same 4 elements of 16 weight rows,
+ * halves; NEON: sdot on four quarters) multiplies 4 bytes of an x row, broadcast, with the same 4 elements of 16 weight rows,
  * so 16 outputs fill 16 lanes and a block's sums stay integers (exact) until the block's scale:
  * per (block of 32, 16 rows, x row) 8 vpdpbusd, one convert and one or two FMAs, where the
  * row-major paths (cpu_quant.c, cpu_quant_direct.c) take 4 lane-wise converts and FMAs per 16
@@ -37,7 +37,7 @@
  * long that way). A 32-element block (5-9 lines) is still fetched at once. */
 INL void prefetch_eighth(const uint8_t *block, int64_t bb, int j) {
     for (int64_t o = (j * bb / 8) & ~63; o < (j + 1) * bb / 8; o += 64)
-        _mm_prefetch((const char *)(block + o), _MM_HINT_T0);
+        r16_prefetch(block + o);
 }
 
 /* sum over 8 words w of W[w] . x[4w .. 4w + 3], in two chains (latency), then one add. */
@@ -80,7 +80,7 @@ INL void group_tile(const int type, const int mrt, const int h, const uint8_t *g
         const uint8_t *g = grp + b * bb;
         const int64_t e0 = b * block;
         for (int64_t o = 0; o < bb && h == 0 && block == 32; o += 64)  /* PF blocks ahead */
-            _mm_prefetch((const char *)(g + PF * bb + o), _MM_HINT_T0);
+            r16_prefetch(g + PF * bb + o);
         if (block == 32) {
             v16f d = vf_half(g, h), m = vf_zero();
             v16i W[8];
@@ -182,8 +182,8 @@ INL void group_tile(const int type, const int mrt, const int h, const uint8_t *g
 INL void r16_pass(const int type, const int mrt, const uint8_t *grp, int nr, const int8_t *xq,
                   const float *xs, const int32_t *xi, const int32_t *xe, int64_t k, int64_t kp,
                   int64_t gp, const float *bias, float *y, int64_t ldy) {
-    for (int h = 0; h < R16_HALVES; h++) {  /* AVX2: rows 0-7, then 8-15 (registers for 8) */
-        if (8 * h >= nr) break;
+    for (int h = 0; h < R16_HALVES; h++) {  /* AVX2: rows 0-7, then 8-15; NEON: 4 at a time */
+        if (16 / R16_HALVES * h >= nr) break;
         v16f acc[RM];
         for (int i = 0; i < mrt; i++) acc[i] = vf_zero();
         group_tile(type, mrt, h, grp, xq, xs, xi, xe, k, kp, gp, acc);

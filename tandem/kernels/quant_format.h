@@ -32,9 +32,10 @@
 #endif
 
 /* In a descriptor's type: the rows are interleaved 16 at a time (cpu_quant_pack.c), which only
- * the AVX-512 VNNI and AVX2 (with FMA and F16C) builds read (cpu_quant_r16.c). */
+ * the AVX-512 VNNI, AVX2 (with FMA and F16C) and Arm NEON builds read (cpu_quant_r16.c). */
 #define Q_R16 0x100
-#if STEP == 64 || (defined(__AVX2__) && defined(__FMA__) && defined(__F16C__))
+#if STEP == 64 || (defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)) \
+    || (defined(__aarch64__) && defined(__ARM_NEON))
 #define R16_KERNEL 1
 #else
 #define R16_KERNEL 0

@@ -1,14 +1,18 @@
 /* 16 lanes, one per interleaved weight row, for cpu_quant_r16.c: one AVX-512 register, or, with
  * AVX2, 8 lanes a register in two passes over the rows (0-7, then 8-15: R16_HALVES; a load's h
- * picks the half, so 16 ymm registers hold one pass's weights and sums with few spills). Each
- * lane's operations are the same IEEE operations on either (convert, multiply, fused
- * multiply-add; integer sums exact), so both builds give a row the same bits. */
+ * picks the half, so 16 ymm registers hold one pass's weights and sums with few spills), or,
+ * with Arm NEON, 4 lanes a register in four passes. Each lane's operations are the same IEEE
+ * operations on every kind (convert, multiply, fused multiply-add; integer sums exact), so
+ * every build gives a row the same bits. */
 #ifndef TANDEM_QUANT_R16_VEC_H
 #define TANDEM_QUANT_R16_VEC_H
 #include "quant_format.h"
 
 #if R16_KERNEL
 #define INL static inline __attribute__((always_inline))
+
+/* One cache line at p into L1 (prefetcht0 on x86, prfm pldl1keep on Arm). */
+INL void r16_prefetch(const void *p) { __builtin_prefetch(p, 0, 3); }
 
 #if STEP == 64
 #define R16_HALVES 1
@@ -99,7 +103,7 @@ INL void vf_store_n(float *p, v16f v, int n, int h) {
     _mm512_mask_storeu_ps(p, (__mmask16)((1u << n) - 1), v);
 }
 
-#else /* AVX2: 8 lanes a register, the 16 rows in two passes (rows 0-7, then 8-15) */
+#elif defined(__AVX2__) /* 8 lanes a register, the 16 rows in two passes (0-7, then 8-15) */
 #define R16_HALVES 2
 #define R16_Q8_SIGNED 1 /* Q8_0 as signed q (vpmaddubsw pairs of 255 * 127 would saturate) */
 typedef __m256i v16i;
@@ -194,6 +198,102 @@ INL void vf_store_n(float *p, v16f v, int n, int h) {
     int c = n - 8 * h;
     _mm256_storeu_ps(t, v);
     if (c > 0) memcpy(p + 8 * h, t, sizeof(float) * (size_t)(c < 8 ? c : 8));
+}
+
+#else /* Arm NEON: 4 lanes a register, the 16 rows in four passes (rows 4h .. 4h + 3) */
+#include <arm_neon.h>
+#define R16_HALVES 4
+#define R16_Q8_SIGNED 1 /* sdot multiplies signed bytes on both sides: Q8_0 as its signed q */
+typedef int32x4_t v16i;
+typedef float32x4_t v16f;
+INL v16i vi_load(const uint8_t *p, int h) { return vreinterpretq_s32_u8(vld1q_u8(p + 16 * h)); }
+INL v16i vi_bytes(int8_t b) { return vreinterpretq_s32_s8(vdupq_n_s8(b)); }
+INL v16i vi_and(v16i a, v16i b) { return vandq_s32(a, b); }
+INL v16i vi_or(v16i a, v16i b) { return vorrq_s32(a, b); }
+INL v16i vi_xor(v16i a, v16i b) { return veorq_s32(a, b); }
+INL v16i vi_srl16(v16i a, int n) { /* a shift by a register: n need not be a constant */
+    return vreinterpretq_s32_u16(vshlq_u16(vreinterpretq_u16_s32(a), vdupq_n_s16((int16_t)-n)));
+}
+INL v16i vi_sll16(v16i a, int n) {
+    return vreinterpretq_s32_u16(vshlq_u16(vreinterpretq_u16_s32(a), vdupq_n_s16((int16_t)n)));
+}
+INL v16i vi_zero(void) { return vdupq_n_s32(0); }
+INL v16i vi_add(v16i a, v16i b) { return vaddq_s32(a, b); }
+INL v16i vi_sub1(v16i a, int32_t b) { return vsubq_s32(a, vdupq_n_s32(b)); }
+INL v16i vi_mul(v16i a, v16i b) { return vmulq_s32(a, b); }
+INL v16i vi_sub(v16i a, v16i b) { return vsubq_s32(a, b); }
+INL v16i vi_sll32(v16i a, int n) { return vshlq_s32(a, vdupq_n_s32(n)); }
+INL v16i vi_widen8(const uint8_t *p, int is_signed, int h) { /* bytes 4h .. 4h + 3 */
+    uint32_t v;
+    memcpy(&v, p + 4 * h, 4);
+    const uint8x8_t b = vreinterpret_u8_u32(vdup_n_u32(v));
+    return is_signed ? vmovl_s16(vget_low_s16(vmovl_s8(vreinterpret_s8_u8(b))))
+                     : vreinterpretq_s32_u32(vmovl_u16(vget_low_u16(vmovl_u8(b))));
+}
+/* acc + per lane the dot product of its 4 bytes of w with x's 4 (both taken as signed: u <= 63,
+ * or Q8_0's signed q): sdot where the CPU has it (Armv8.2 dotprod), else widening multiplies
+ * and pairwise adds (a product fits int16), the same integer either way. */
+INL v16i vi_dot4(v16i acc, v16i w, const int8_t *x, int w_signed) {
+    int32_t v;
+    memcpy(&v, x, 4);
+    (void)w_signed;
+    const int8x16_t xv = vreinterpretq_s8_s32(vdupq_n_s32(v)), ws = vreinterpretq_s8_s32(w);
+#if defined(__ARM_FEATURE_DOTPROD)
+    return vdotq_s32(acc, ws, xv);
+#else
+    const int16x8_t lo = vmull_s8(vget_low_s8(ws), vget_low_s8(xv)), hi = vmull_high_s8(ws, xv);
+    return vaddq_s32(acc, vpaddq_s32(vpaddlq_s16(lo), vpaddlq_s16(hi)));
+#endif
+}
+INL v16i vi_scales(const uint8_t *p, int is_signed, int h) { return vi_widen8(p, is_signed, h); }
+INL v16i vi_times(v16i m, int32_t e) { return vmulq_n_s32(m, e); }
+INL v16i vi_dotn(const v16i *W, int n, const int8_t *x) { /* two chains, as on AVX-512 */
+    v16i s0 = vi_zero(), s1 = vi_zero();
+    for (int w = 0; w < n; w += 2) {
+        s0 = vi_dot4(s0, W[w], x + 4 * w, 0);
+        s1 = vi_dot4(s1, W[w + 1], x + 4 * w + 4, 0);
+    }
+    return vi_add(s0, s1);
+}
+INL v16i vi_sdot(v16i acc, const v16i *W, int n, const int8_t *x, v16i m, int group) {
+    (void)group;
+    return vmlaq_s32(acc, vi_dotn(W, n, x), m);
+}
+INL v16i vi_dot8g(const v16i *W, const int8_t *x, int group) {
+    (void)group;
+    return vi_dotn(W, 8, x);
+}
+/* Lane l: a[l] in the low 16 bits, b[l] in the high 16 (each sign- or zero-extended from its
+ * byte); vi_madd2 takes them apart again and adds a[l] * ea + b[l] * eb. */
+INL v16i vi_pairs(const uint8_t *a, const uint8_t *b, int is_signed, int h) {
+    const v16i va = vi_widen8(a, is_signed, h), vb = vi_widen8(b, is_signed, h);
+    return vorrq_s32(vandq_s32(va, vdupq_n_s32(0xFFFF)), vshlq_n_s32(vb, 16));
+}
+INL v16i vi_madd2(v16i acc, v16i pairs, int32_t ea, int32_t eb) {
+    const v16i a = vshrq_n_s32(vshlq_n_s32(pairs, 16), 16), b = vshrq_n_s32(pairs, 16);
+    return vmlaq_n_s32(vmlaq_n_s32(acc, a, ea), b, eb);
+}
+INL v16f vf_zero(void) { return vdupq_n_f32(0.0f); }
+INL v16f vf_set1(float f) { return vdupq_n_f32(f); }
+INL v16f vf_cvt(v16i a) { return vcvtq_f32_s32(a); }
+INL v16f vf_mul(v16f a, v16f b) { return vmulq_f32(a, b); }
+INL v16f vf_add(v16f a, v16f b) { return vaddq_f32(a, b); }
+INL v16f vf_fma(v16f a, v16f b, v16f c) { return vfmaq_f32(c, a, b); } /* a * b + c, fused */
+INL v16f vf_neg(v16f a) { return vnegq_f32(a); }
+INL v16f vf_half(const uint8_t *p, int h) { /* float16 4h .. 4h + 3, widened exactly */
+    return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16((const uint16_t *)(const void *)(p + 8 * h))));
+}
+INL v16f vf_load_n(const float *p, int n, int h) {
+    float t[4] = {0};
+    int c = n - 4 * h;
+    if (c > 0) memcpy(t, p + 4 * h, sizeof(float) * (size_t)(c < 4 ? c : 4));
+    return vld1q_f32(t);
+}
+INL void vf_store_n(float *p, v16f v, int n, int h) {
+    float t[4];
+    int c = n - 4 * h;
+    vst1q_f32(t, v);
+    if (c > 0) memcpy(p + 4 * h, t, sizeof(float) * (size_t)(c < 4 ? c : 4));
 }
 #endif
 
