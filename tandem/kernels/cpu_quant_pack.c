@@ -26,20 +26,6 @@
 #include "quant_direct.h"
 #include "quant_format.h"
 
-int64_t q_r16_block_bytes(int type) {
-    switch (type) {
-    case T_Q4_0: return 16 * 18;
-    case T_Q4_1: return 16 * 20;
-    case T_Q5_0: return 16 * 22;
-    case T_Q5_1: return 16 * 24;
-    case T_Q8_0: return 16 * 34;
-    case T_Q4_K: return 16 * 148;
-    case T_Q5_K: return 16 * 180;
-    case T_Q6_K: return 16 * 210;
-    default: return 0;
-    }
-}
-
 /* Bytes of 16 interleaved rows of k elements; 0 where this build does not interleave `type`
  * (cpu_quant_r16.c reads it with AVX-512 VNNI, or AVX2 with FMA and F16C). */
 int64_t tandem_q_r16_bytes(int type, int64_t k) {

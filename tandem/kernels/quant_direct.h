@@ -35,6 +35,5 @@ void prepare_xk(const float *x, int64_t k, int64_t kp, int8_t *q, float *xs, int
 
 /* cpu_quant_pack.c: bytes of one group block (16 rows, one block position); 0: not
  * interleaved. */
-int64_t q_r16_block_bytes(int type);
 
 #endif

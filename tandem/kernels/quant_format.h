@@ -63,6 +63,23 @@ static inline int64_t q_block_bytes(int type) {
     }
 }
 
+/* Bytes of one block of 16 interleaved rows (cpu_quant_pack.c's layout: K-quants keep 4 bytes
+ * a row more, their scales and mins unpacked); a constant wherever the type is, so the kernel's
+ * offsets fold. */
+static inline int64_t q_r16_block_bytes(int type) {
+    switch (type) {
+    case T_Q4_0: return 16 * 18;
+    case T_Q4_1: return 16 * 20;
+    case T_Q5_0: return 16 * 22;
+    case T_Q5_1: return 16 * 24;
+    case T_Q8_0: return 16 * 34;
+    case T_Q4_K: return 16 * 148;
+    case T_Q5_K: return 16 * 180;
+    case T_Q6_K: return 16 * 210;
+    default: return 0;
+    }
+}
+
 /* The 6-bit scale and min j of a Q4_K/Q5_K block (12 packed bytes). */
 static inline void k_scale_min(const uint8_t *q, int j, int *sc, int *mn) {
     if (j < 4) {
