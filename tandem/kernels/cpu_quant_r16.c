@@ -131,11 +131,9 @@ INL void group_tile(const int type, const int mrt, const int h, const uint8_t *g
                 mins[p] = vi_pairs(g + 192 + 32 * p, g + 208 + 32 * p, 0, h);
             v16f d = vf_half(g, h), dmin = vf_neg(vf_half(g + 32, h));
             for (int i = 0; i < mrt; i++) {
-                const int32_t *eq = xi + i * gp + e0 / 16;  /* e (sum q) per 16 */
+                const int32_t *ew = xi + i * gp + e0 / 16;  /* prepare_xk's pairs of e (sum q) */
                 v16i M = vi_zero();  /* sum over j of mn_j e_j (sum q) */
-                for (int p = 0; p < 4; p++)
-                    M = vi_madd2(M, mins[p], eq[4 * p] + eq[4 * p + 1],
-                                 eq[4 * p + 2] + eq[4 * p + 3]);
+                for (int p = 0; p < 4; p++) M = vi_madd2(M, mins[p], ew[p]);
                 const float D = xs[i * (kp / 4) + e0 / 256];  /* x's step for the 256 */
                 acc[i] = vf_fma(vf_cvt(S[i]), vf_mul(d, vf_set1(D)), acc[i]);
                 acc[i] = vf_fma(vf_cvt(M), vf_mul(dmin, vf_set1(D)), acc[i]);
@@ -168,9 +166,9 @@ INL void group_tile(const int type, const int mrt, const int h, const uint8_t *g
             for (int j = 0; j < 8; j++) scs[j] = vi_pairs(g + 32 + 32 * j, g + 48 + 32 * j, 1, h);
             v16f d = vf_half(g, h);
             for (int i = 0; i < mrt; i++) {
-                const int32_t *eq = xi + i * gp + e0 / 16;
+                const int32_t *ew = xi + i * gp + e0 / 16;
                 v16i O = vi_zero();  /* sum over G of sc_G e (sum q): u's offset of 32 */
-                for (int j = 0; j < 8; j++) O = vi_madd2(O, scs[j], eq[2 * j], eq[2 * j + 1]);
+                for (int j = 0; j < 8; j++) O = vi_madd2(O, scs[j], ew[4 + j]);
                 const float D = xs[i * (kp / 4) + e0 / 256];
                 acc[i] = vf_fma(vf_cvt(vi_sub(S[i], vi_sll32(O, 5))), vf_mul(d, vf_set1(D)),
                                 acc[i]);

@@ -26,14 +26,12 @@ void q_r16(int type, const uint8_t *grp, int nr, const int8_t *xq, const float *
 
 /* cpu_quant_x.c: one row of x [k] rounded for the kernels (kp >= k, the tail zero): per 32
  * (q, lane steps xs [kp / 4], step * sum and sum per 16 in xb, xi [GROUPS(kp)]), or for
- * interleaved K-quants per 256 with sub-steps (q, D at xs [c / 256], e per 32 in xe, e * sum per
- * 16 in xi; k a multiple of 256). */
+ * interleaved K-quants per 256 with sub-steps (q, D at xs [c / 256], e per 32 in xe, and in xi
+ * per 256 the 16-bit pairs of e * sum that the kernel's vpmaddwd takes: 4 of 32s, 8 of 16s; k a
+ * multiple of 256). */
 void prepare_x(const float *x, int64_t k, int64_t kp, int8_t *q, float *xs, float *xb,
                int32_t *xi);
 void prepare_xk(const float *x, int64_t k, int64_t kp, int8_t *q, float *xs, int32_t *xe,
                 int32_t *xi);
-
-/* cpu_quant_pack.c: bytes of one group block (16 rows, one block position); 0: not
- * interleaved. */
 
 #endif

@@ -69,7 +69,8 @@ INL v16i vi_dot8g(const v16i *W, const int8_t *x, int group) {
     return vi_dotn(W, 8, x);
 }
 /* Lane l: the 16-bit pair (a[l], b[l]) of the 16 bytes at a and b; vi_madd2 adds
- * a[l] * ea + b[l] * eb (ea, eb within int16) to lane l. */
+ * a[l] * ea + b[l] * eb to lane l, for two = ea | eb << 16 (int16 halves, as prepare_xk packs
+ * them: one broadcast and one vpmaddwd). */
 INL v16i vi_pairs(const uint8_t *a, const uint8_t *b, int is_signed, int h) {
     (void)h;
     const __m128i va = _mm_loadu_si128((const __m128i *)a);
@@ -78,8 +79,7 @@ INL v16i vi_pairs(const uint8_t *a, const uint8_t *b, int is_signed, int h) {
                                                _mm_unpackhi_epi8(va, vb), 1);
     return is_signed ? _mm512_cvtepi8_epi16(ab) : _mm512_cvtepu8_epi16(ab);
 }
-INL v16i vi_madd2(v16i acc, v16i pairs, int32_t ea, int32_t eb) {
-    const int32_t two = (int32_t)(((uint32_t)eb << 16) | ((uint32_t)ea & 0xFFFFu));
+INL v16i vi_madd2(v16i acc, v16i pairs, int32_t two) {
     return vi_add(acc, _mm512_madd_epi16(pairs, _mm512_set1_epi32(two)));
 }
 INL v16i vi_xor(v16i a, v16i b) { return _mm512_xor_si512(a, b); }
@@ -172,8 +172,7 @@ INL v16i vi_pairs(const uint8_t *a, const uint8_t *b, int is_signed, int h) {
                                          _mm_loadl_epi64((const __m128i *)(b + 8 * h)));
     return is_signed ? _mm256_cvtepi8_epi16(ab) : _mm256_cvtepu8_epi16(ab);
 }
-INL v16i vi_madd2(v16i acc, v16i pairs, int32_t ea, int32_t eb) {
-    const int32_t two = (int32_t)(((uint32_t)eb << 16) | ((uint32_t)ea & 0xFFFFu));
+INL v16i vi_madd2(v16i acc, v16i pairs, int32_t two) {
     return vi_add(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi32(two)));
 }
 INL v16f vf_zero(void) { return _mm256_setzero_ps(); }
@@ -264,13 +263,14 @@ INL v16i vi_dot8g(const v16i *W, const int8_t *x, int group) {
     return vi_dotn(W, 8, x);
 }
 /* Lane l: a[l] in the low 16 bits, b[l] in the high 16 (each sign- or zero-extended from its
- * byte); vi_madd2 takes them apart again and adds a[l] * ea + b[l] * eb. */
+ * byte); vi_madd2 takes lanes and multipliers apart again and adds a[l] * ea + b[l] * eb. */
 INL v16i vi_pairs(const uint8_t *a, const uint8_t *b, int is_signed, int h) {
     const v16i va = vi_widen8(a, is_signed, h), vb = vi_widen8(b, is_signed, h);
     return vorrq_s32(vandq_s32(va, vdupq_n_s32(0xFFFF)), vshlq_n_s32(vb, 16));
 }
-INL v16i vi_madd2(v16i acc, v16i pairs, int32_t ea, int32_t eb) {
+INL v16i vi_madd2(v16i acc, v16i pairs, int32_t two) {
     const v16i a = vshrq_n_s32(vshlq_n_s32(pairs, 16), 16), b = vshrq_n_s32(pairs, 16);
+    const int32_t ea = (int16_t)(two & 0xFFFF), eb = (int16_t)((uint32_t)two >> 16);
     return vmlaq_n_s32(vmlaq_n_s32(acc, a, ea), b, eb);
 }
 INL v16f vf_zero(void) { return vdupq_n_f32(0.0f); }
