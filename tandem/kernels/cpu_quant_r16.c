@@ -61,13 +61,20 @@ INL void nibbles4(const uint8_t *v, v16i *W, int h) {
     }
 }
 
-/* Q5's fifth bits (32 per lane at qh, permuted at load) ORed into the nibble words W: bit 8i + w
- * of a lane goes to bit 4 of byte i of word w. */
-INL void fifth_bits(v16i *W, const uint8_t *qh, int h) {
+/* Q5's fifth bits (32 per lane at qh, permuted at load) ORed into the nibble words W of words
+ * w0 .. w0 + n - 1: bit 8i + w of a lane goes to bit 4 of byte i of word w. */
+INL void fifth_bits(v16i *W, const uint8_t *qh, int h, int w0, int n) {
     const v16i hb = vi_load(qh, h), bit4 = vi_bytes(0x10);
-    for (int w = 0; w < 8; w++)
-        W[w] = vi_or(W[w], vi_and(w <= 4 ? vi_sll16(hb, 4 - w) : vi_srl16(hb, w - 4), bit4));
+    for (int u = 0; u < n; u++) {
+        const int w = w0 + u;
+        W[u] = vi_or(W[u], vi_and(w <= 4 ? vi_sll16(hb, 4 - w) : vi_srl16(hb, w - 4), bit4));
+    }
 }
+
+/* K-quant weight words held at once: AVX2 takes a sub-block's 8 in two halves of 4 (its 16
+ * registers then hold the words and the sums of 6 x rows without spilling), the others all 8.
+ * The integer sums are exact, so the split changes no bit. */
+#define KW (R16_HALVES == 2 ? 4 : 8)
 
 /* One group (16 rows) against mrt <= RM rows of x: acc [i] += every block's terms. */
 INL void group_tile(const int type, const int mrt, const int h, const uint8_t *grp,
@@ -91,7 +98,7 @@ INL void group_tile(const int type, const int mrt, const int h, const uint8_t *g
             else {  /* after d (and m): Q5's permuted fifth bits, then the nibbles */
                 const int64_t off = type == T_Q4_1 || type == T_Q5_1 ? 64 : 32;
                 nibbles4(g + off + (q5 ? 64 : 0), W, h);
-                if (q5) fifth_bits(W, g + off, h);
+                if (q5) fifth_bits(W, g + off, h, 0, 8);
             }
             if (type == T_Q4_1 || type == T_Q5_1) m = vf_half(g + 32, h);
             for (int i = 0; i < mrt; i++) {
@@ -115,16 +122,18 @@ INL void group_tile(const int type, const int mrt, const int h, const uint8_t *g
                 const uint8_t *v = g + (k5 ? 832 : 320) + 512 * (j / 2);
                 const int64_t e = e0 + 32 * j;
                 if (h == 0) prefetch_eighth(g + PF * bb, bb, j);
-                v16i W[8];  /* loaded again for the high nibbles: held, they spilled */
-                for (int w = 0; w < 8; w++) {
-                    v16i q = vi_load(v + 64 * w, h);
-                    W[w] = vi_and(j & 1 ? vi_srl16(q, 4) : q, low4);
-                }
-                if (k5) fifth_bits(W, g + 320 + 64 * j, h);
                 const v16i sc = vi_scales(g + 64 + 16 * j, 0, h);
-                for (int i = 0; i < mrt; i++)
-                    S[i] = vi_sdot(S[i], W, 8, xq + i * kp + e, vi_times(sc, xe[i * ke + e / 32]),
-                                   k5 ? 4 : 8);  /* pair sums: 16 bits for 8 or 4 words */
+                for (int w0 = 0; w0 < 8; w0 += KW) {
+                    v16i W[KW];  /* loaded again for the high nibbles: held, they spilled */
+                    for (int w = 0; w < KW; w++) {
+                        v16i q = vi_load(v + 64 * (w0 + w), h);
+                        W[w] = vi_and(j & 1 ? vi_srl16(q, 4) : q, low4);
+                    }
+                    if (k5) fifth_bits(W, g + 320 + 64 * j, h, w0, KW);
+                    for (int i = 0; i < mrt; i++)  /* pair sums: 16 bits for 8 or 4 words */
+                        S[i] = vi_sdot(S[i], W, KW, xq + i * kp + e + 4 * w0,
+                                       vi_times(sc, xe[i * ke + e / 32]), k5 || KW < 8 ? 4 : 8);
+                }
             }
             v16i mins[4];  /* lane pairs (mn_2p, mn_2p+1) */
             for (int p = 0; p < 4; p++)
@@ -146,20 +155,24 @@ INL void group_tile(const int type, const int mrt, const int h, const uint8_t *g
                 const int n = j / 4, r = j % 4;
                 const int64_t e = e0 + 32 * j;
                 if (h == 0) prefetch_eighth(g + PF * bb, bb, j);
-                v16i W[8];
-                for (int w = 0; w < 8; w++) {
-                    v16i l = vi_load(ql + 64 * (16 * n + 8 * (r & 1) + w), h);
-                    v16i hb = vi_and(vi_srl16(vi_load(qh + 64 * (8 * n + w), h), 2 * r), two);
-                    W[w] = vi_or(vi_and(r >= 2 ? vi_srl16(l, 4) : l, low4), vi_sll16(hb, 4));
-                }
                 /* words 0-3: elements 0-15 (group 2j, its scale sc0), 4-7: 16-31 (2j + 1) */
                 const v16i sc0 = vi_scales(g + 32 + 32 * j, 1, h);
                 const v16i sc1 = vi_scales(g + 48 + 32 * j, 1, h);
-                for (int i = 0; i < mrt; i++) {
-                    const int8_t *x = xq + i * kp + e;
-                    const int32_t ex = xe[i * ke + e / 32];
-                    S[i] = vi_sdot(S[i], W, 4, x, vi_times(sc0, ex), 2);
-                    S[i] = vi_sdot(S[i], W + 4, 4, x + 16, vi_times(sc1, ex), 2);
+                for (int w0 = 0; w0 < 8; w0 += KW) {
+                    v16i W[KW];
+                    for (int u = 0; u < KW; u++) {
+                        const int w = w0 + u;
+                        v16i l = vi_load(ql + 64 * (16 * n + 8 * (r & 1) + w), h);
+                        v16i hb = vi_and(vi_srl16(vi_load(qh + 64 * (8 * n + w), h), 2 * r), two);
+                        W[u] = vi_or(vi_and(r >= 2 ? vi_srl16(l, 4) : l, low4), vi_sll16(hb, 4));
+                    }
+                    for (int i = 0; i < mrt; i++) {
+                        const int8_t *x = xq + i * kp + e;
+                        const int32_t ex = xe[i * ke + e / 32];
+                        for (int u = 0; u < KW; u += 4)
+                            S[i] = vi_sdot(S[i], W + u, 4, x + 4 * (w0 + u),
+                                           vi_times(w0 + u ? sc1 : sc0, ex), 2);
+                    }
                 }
             }
             v16i scs[8];  /* lane pairs (sc_2j, sc_2j+1) */
