@@ -194,16 +194,15 @@ int tandem_qlinear(const float *x, const int64_t *desc, const float *bias, float
         if (seg[s].r16 && q_block(seg[s].type) == 256) kx = 1;
         else plain = 1;
     }
-    /* q, xs (kp/4), xb, xi; then q, xs, xi, xe (kp/32) of prepare_xk */
-    size_t per_row = (size_t)(kp + kp + 8 * gp) + (kx ? (size_t)(2 * kp + 4 * gp + kp / 8) : 0);
+    /* q, xs (kp/4), xb, xi; then prepare_xk's records (XK_BYTES per row and 256) */
+    const int64_t cstride = xrows * XK_BYTES;  /* from one 256's records to the next's */
+    size_t per_row = (size_t)(kp + kp + 8 * gp) + (kx ? (size_t)(k / 256 * XK_BYTES) : 0);
     uint8_t *xbuf = malloc((size_t)xrows * per_row);
     if (!xbuf) return -1;
     int8_t *xq = (int8_t *)xbuf;
     float *xs = (float *)(xbuf + xrows * kp), *xb = xs + xrows * (kp / 4);
     int32_t *xi = (int32_t *)(xb + xrows * gp);
-    int8_t *kq = (int8_t *)(xi + xrows * gp);
-    float *ks = (float *)(kq + xrows * kp);
-    int32_t *ki = (int32_t *)(ks + xrows * (kp / 4)), *ke = ki + xrows * gp;
+    uint8_t *xk = (uint8_t *)(xi + xrows * gp);
     int parallel = threads > 1 && m * n * k >= (1 << 18), failed = 0;
     int direct = m <= DIRECT_ROWS;
     (void)parallel;
@@ -220,8 +219,7 @@ int tandem_qlinear(const float *x, const int64_t *desc, const float *bias, float
                     prepare_x(x + (m0 + i) * k, k, kp, xq + i * kp, xs + i * (kp / 4),
                               xb + i * gp, xi + i * gp);
                 if (kx)
-                    prepare_xk(x + (m0 + i) * k, k, kp, kq + i * kp, ks + i * (kp / 4),
-                               ke + i * (kp / 32), ki + i * gp);
+                    prepare_xk(x + (m0 + i) * k, k, xk + i * XK_BYTES, cstride);
             }
             /* Per thread: NR rows in the common form (none when direct). */
             size_t per_row = (size_t)(kp + (SIGNED_Q8 ? kp : 0) + kp + 4 * gp);
@@ -253,9 +251,9 @@ int tandem_qlinear(const float *x, const int64_t *desc, const float *bias, float
                 if (seg[s].r16) {
                     const int K = q_block(seg[s].type) == 256;
                     q_r16(seg[s].type, seg[s].data + r0 / 16 * tandem_q_r16_bytes(seg[s].type, k),
-                          (int)nr, (K ? kq : xq) + g0 * kp, (K ? ks : xs) + g0 * (kp / 4),
-                          (K ? ki : xi) + g0 * gp, K ? ke + g0 * (kp / 32) : NULL, g1 - g0, k,
-                          kp, gp, bias ? bias + col : NULL, y + (m0 + g0) * n + col, n);
+                          (int)nr, xq + g0 * kp, xs + g0 * (kp / 4), xi + g0 * gp,
+                          K ? xk + g0 * XK_BYTES : NULL, cstride, g1 - g0, k, kp, gp,
+                          bias ? bias + col : NULL, y + (m0 + g0) * n + col, n);
                     continue;
                 }
                 int sgn = SIGNED_Q8 && seg[s].type == T_Q8_0, half = is_half(seg[s].type);

@@ -76,11 +76,24 @@ INL void fifth_bits(v16i *W, const uint8_t *qh, int h, int w0, int n) {
  * The integer sums are exact, so the split changes no bit. */
 #define KW (R16_HALVES == 2 ? 4 : 8)
 
+/* Row i's parts of a 256's prepare_xk records (quant_direct.h), from the first row's at r. */
+INL const int8_t *xk_q(const uint8_t *r, int i) { return (const int8_t *)(r + i * XK_BYTES); }
+INL const int32_t *xk_w(const uint8_t *r, int i) {
+    return (const int32_t *)(const void *)(r + i * XK_BYTES + XK_W);
+}
+INL const int32_t *xk_e(const uint8_t *r, int i) {
+    return (const int32_t *)(const void *)(r + i * XK_BYTES + XK_E);
+}
+INL float xk_d(const uint8_t *r, int i) {
+    return *(const float *)(const void *)(r + i * XK_BYTES + XK_D);
+}
+
 /* One group (16 rows) against mrt <= RM rows of x: acc [i] += every block's terms. */
 INL void group_tile(const int type, const int mrt, const int h, const uint8_t *grp,
-                    const int8_t *xq, const float *xs, const int32_t *xi, const int32_t *xe,
+                    const int8_t *xq, const float *xs, const int32_t *xi, const uint8_t *xk,
+                    int64_t cstride,
                     int64_t k, int64_t kp, int64_t gp, v16f *acc) {
-    const int64_t block = q_block(type), bb = q_r16_block_bytes(type), ke = kp / 32;
+    const int64_t block = q_block(type), bb = q_r16_block_bytes(type);
     const v16i low4 = vi_bytes(0x0F), two = vi_bytes(3);
     const int sgn = type == T_Q8_0 && R16_Q8_SIGNED, q5 = type == T_Q5_0 || type == T_Q5_1;
     for (int64_t b = 0; b < k / block; b++) {
@@ -116,11 +129,11 @@ INL void group_tile(const int type, const int mrt, const int h, const uint8_t *g
             }
         } else if (type == T_Q4_K || type == T_Q5_K) {
             const int k5 = type == T_Q5_K;  /* + sub-block j's fifth bits at 320 + 64 j */
+            const uint8_t *xr = xk + b * cstride;  /* x row i's record: xr + i * XK_BYTES */
             v16i S[RM];  /* sum over sub-blocks j of sc_j e_j (sum u q): exact */
             for (int i = 0; i < mrt; i++) S[i] = vi_zero();
             for (int j = 0; j < 8; j++) {  /* qs bytes 32(j / 2)..: j even low, odd high */
                 const uint8_t *v = g + (k5 ? 832 : 320) + 512 * (j / 2);
-                const int64_t e = e0 + 32 * j;
                 if (h == 0) prefetch_eighth(g + PF * bb, bb, j);
                 const v16i sc = vi_scales(g + 64 + 16 * j, 0, h);
                 for (int w0 = 0; w0 < 8; w0 += KW) {
@@ -131,8 +144,8 @@ INL void group_tile(const int type, const int mrt, const int h, const uint8_t *g
                     }
                     if (k5) fifth_bits(W, g + 320 + 64 * j, h, w0, KW);
                     for (int i = 0; i < mrt; i++)  /* pair sums: 16 bits for 8 or 4 words */
-                        S[i] = vi_sdot(S[i], W, KW, xq + i * kp + e + 4 * w0,
-                                       vi_times(sc, xe[i * ke + e / 32]), k5 || KW < 8 ? 4 : 8);
+                        S[i] = vi_sdot(S[i], W, KW, xk_q(xr, i) + 32 * j + 4 * w0,
+                                       vi_times(sc, xk_e(xr, i)[j]), k5 || KW < 8 ? 4 : 8);
                 }
             }
             v16i mins[4];  /* lane pairs (mn_2p, mn_2p+1) */
@@ -140,20 +153,19 @@ INL void group_tile(const int type, const int mrt, const int h, const uint8_t *g
                 mins[p] = vi_pairs(g + 192 + 32 * p, g + 208 + 32 * p, 0, h);
             v16f d = vf_half(g, h), dmin = vf_neg(vf_half(g + 32, h));
             for (int i = 0; i < mrt; i++) {
-                const int32_t *ew = xi + i * gp + e0 / 16;  /* prepare_xk's pairs of e (sum q) */
+                const int32_t *ew = xk_w(xr, i);  /* prepare_xk's pairs of e (sum q) */
                 v16i M = vi_zero();  /* sum over j of mn_j e_j (sum q) */
                 for (int p = 0; p < 4; p++) M = vi_madd2(M, mins[p], ew[p]);
-                const float D = xs[i * (kp / 4) + e0 / 256];  /* x's step for the 256 */
+                const float D = xk_d(xr, i);  /* x's step for the 256 */
                 acc[i] = vf_fma(vf_cvt(S[i]), vf_mul(d, vf_set1(D)), acc[i]);
                 acc[i] = vf_fma(vf_cvt(M), vf_mul(dmin, vf_set1(D)), acc[i]);
             }
         } else {  /* T_Q6_K: sub-block j = elements 32j..: half n, quarter r (as ggml's order) */
-            const uint8_t *ql = g + 288, *qh = g + 288 + 2048;
+            const uint8_t *ql = g + 288, *qh = g + 288 + 2048, *xr = xk + b * cstride;
             v16i S[RM];  /* sum over 16-groups G of sc_G e (sum u q): exact */
             for (int i = 0; i < mrt; i++) S[i] = vi_zero();
             for (int j = 0; j < 8; j++) {
                 const int n = j / 4, r = j % 4;
-                const int64_t e = e0 + 32 * j;
                 if (h == 0) prefetch_eighth(g + PF * bb, bb, j);
                 /* words 0-3: elements 0-15 (group 2j, its scale sc0), 4-7: 16-31 (2j + 1) */
                 const v16i sc0 = vi_scales(g + 32 + 32 * j, 1, h);
@@ -167,8 +179,8 @@ INL void group_tile(const int type, const int mrt, const int h, const uint8_t *g
                         W[u] = vi_or(vi_and(r >= 2 ? vi_srl16(l, 4) : l, low4), vi_sll16(hb, 4));
                     }
                     for (int i = 0; i < mrt; i++) {
-                        const int8_t *x = xq + i * kp + e;
-                        const int32_t ex = xe[i * ke + e / 32];
+                        const int8_t *x = xk_q(xr, i) + 32 * j;
+                        const int32_t ex = xk_e(xr, i)[j];
                         for (int u = 0; u < KW; u += 4)
                             S[i] = vi_sdot(S[i], W + u, 4, x + 4 * (w0 + u),
                                            vi_times(w0 + u ? sc1 : sc0, ex), 2);
@@ -179,10 +191,10 @@ INL void group_tile(const int type, const int mrt, const int h, const uint8_t *g
             for (int j = 0; j < 8; j++) scs[j] = vi_pairs(g + 32 + 32 * j, g + 48 + 32 * j, 1, h);
             v16f d = vf_half(g, h);
             for (int i = 0; i < mrt; i++) {
-                const int32_t *ew = xi + i * gp + e0 / 16;
+                const int32_t *ew = xk_w(xr, i);
                 v16i O = vi_zero();  /* sum over G of sc_G e (sum q): u's offset of 32 */
                 for (int j = 0; j < 8; j++) O = vi_madd2(O, scs[j], ew[4 + j]);
-                const float D = xs[i * (kp / 4) + e0 / 256];
+                const float D = xk_d(xr, i);
                 acc[i] = vf_fma(vf_cvt(vi_sub(S[i], vi_sll32(O, 5))), vf_mul(d, vf_set1(D)),
                                 acc[i]);
             }
@@ -191,8 +203,8 @@ INL void group_tile(const int type, const int mrt, const int h, const uint8_t *g
 }
 
 INL void r16_pass(const int type, const int mrt, const uint8_t *grp, int nr, const int8_t *xq,
-                  const float *xs, const int32_t *xi, const int32_t *xe, int64_t k, int64_t kp,
-                  int64_t gp, const float *bias, float *y, int64_t ldy) {
+                  const float *xs, const int32_t *xi, const uint8_t *xk, int64_t cstride,
+                  int64_t k, int64_t kp, int64_t gp, const float *bias, float *y, int64_t ldy) {
     /* With several passes (AVX2, NEON) the passes take turns every 256 elements, so a pass
      * after the first finds the block in L1 (passes over the whole row re-read it from L2: one
      * x row, held to AVX2, took 1.1-1.2x as long); with one (AVX-512) the row goes at once (the
@@ -206,8 +218,8 @@ INL void r16_pass(const int type, const int mrt, const uint8_t *grp, int nr, con
     for (int64_t c = 0; c < k; c += chunk) {
         const int64_t len = k - c < chunk ? k - c : chunk;
         for (int h = 0; h < R16_HALVES && 16 / R16_HALVES * h < nr; h++)
-            group_tile(type, mrt, h, grp + c / block * bb, xq + c, xs + (K ? c / 256 : c / 4),
-                       xi + c / 16, xe ? xe + c / 32 : NULL, len, kp, gp, acc[h]);
+            group_tile(type, mrt, h, grp + c / block * bb, xq + c, xs + c / 4, xi + c / 16,
+                       K ? xk + c / 256 * cstride : NULL, cstride, len, kp, gp, acc[h]);
     }
     for (int h = 0; h < R16_HALVES && 16 / R16_HALVES * h < nr; h++) {
         v16f bv = bias ? vf_load_n(bias, nr, h) : vf_zero();
@@ -219,20 +231,22 @@ INL void r16_pass(const int type, const int mrt, const uint8_t *grp, int nr, con
 /* One copy per type and pass height (1-RM x rows), the switches folded away. */
 #define R16_FOR(T)                                                                          \
     static void r16_##T(const uint8_t *grp, int nr, const int8_t *xq, const float *xs,      \
-                        const int32_t *xi, const int32_t *xe, int64_t mr, int64_t k,        \
-                        int64_t kp, int64_t gp, const float *bias, float *y, int64_t ldy) { \
+                        const int32_t *xi, const uint8_t *xk, int64_t cs, int64_t mr,       \
+                        int64_t k, int64_t kp, int64_t gp, const float *bias, float *y,     \
+                        int64_t ldy) {                                                      \
         for (int64_t i0 = 0; i0 < mr; i0 += RM) {                                           \
             const int8_t *q = xq + i0 * kp;                                                 \
             const float *s = xs + i0 * (kp / 4);                                            \
-            const int32_t *t = xi + i0 * gp, *e = xe ? xe + i0 * (kp / 32) : NULL;          \
+            const int32_t *t = xi + i0 * gp;                                                \
+            const uint8_t *r = xk ? xk + i0 * XK_BYTES : NULL;                              \
             float *o = y + i0 * ldy;                                                        \
             switch (mr - i0 < RM ? mr - i0 : RM) {                                          \
-            case 1: r16_pass(T, 1, grp, nr, q, s, t, e, k, kp, gp, bias, o, ldy); break;   \
-            case 2: r16_pass(T, 2, grp, nr, q, s, t, e, k, kp, gp, bias, o, ldy); break;   \
-            case 3: r16_pass(T, 3, grp, nr, q, s, t, e, k, kp, gp, bias, o, ldy); break;   \
-            case 4: r16_pass(T, 4, grp, nr, q, s, t, e, k, kp, gp, bias, o, ldy); break;   \
-            case 5: r16_pass(T, 5, grp, nr, q, s, t, e, k, kp, gp, bias, o, ldy); break;   \
-            default: r16_pass(T, RM, grp, nr, q, s, t, e, k, kp, gp, bias, o, ldy); break; \
+            case 1: r16_pass(T, 1, grp, nr, q, s, t, r, cs, k, kp, gp, bias, o, ldy); break; \
+            case 2: r16_pass(T, 2, grp, nr, q, s, t, r, cs, k, kp, gp, bias, o, ldy); break; \
+            case 3: r16_pass(T, 3, grp, nr, q, s, t, r, cs, k, kp, gp, bias, o, ldy); break; \
+            case 4: r16_pass(T, 4, grp, nr, q, s, t, r, cs, k, kp, gp, bias, o, ldy); break; \
+            case 5: r16_pass(T, 5, grp, nr, q, s, t, r, cs, k, kp, gp, bias, o, ldy); break; \
+            default: r16_pass(T, RM, grp, nr, q, s, t, r, cs, k, kp, gp, bias, o, ldy);      \
             }                                                                               \
         }                                                                                   \
     }
@@ -240,9 +254,10 @@ R16_FOR(T_Q4_0) R16_FOR(T_Q4_1) R16_FOR(T_Q5_0) R16_FOR(T_Q5_1) R16_FOR(T_Q8_0)
 R16_FOR(T_Q4_K) R16_FOR(T_Q5_K) R16_FOR(T_Q6_K)
 
 void q_r16(int type, const uint8_t *grp, int nr, const int8_t *xq, const float *xs,
-           const int32_t *xi, const int32_t *xe, int64_t mr, int64_t k, int64_t kp, int64_t gp,
-           const float *bias, float *y, int64_t ldy) {
-#define R16_CASE(T) case T: r16_##T(grp, nr, xq, xs, xi, xe, mr, k, kp, gp, bias, y, ldy); break;
+           const int32_t *xi, const uint8_t *xk, int64_t cstride, int64_t mr, int64_t k,
+           int64_t kp, int64_t gp, const float *bias, float *y, int64_t ldy) {
+#define R16_CASE(T)                                                                   \
+    case T: r16_##T(grp, nr, xq, xs, xi, xk, cstride, mr, k, kp, gp, bias, y, ldy); break;
     switch (type) {
     R16_CASE(T_Q4_0) R16_CASE(T_Q4_1) R16_CASE(T_Q5_0) R16_CASE(T_Q5_1) R16_CASE(T_Q8_0)
     R16_CASE(T_Q4_K) R16_CASE(T_Q5_K) R16_CASE(T_Q6_K)
@@ -253,11 +268,11 @@ void q_r16(int type, const uint8_t *grp, int nr, const int8_t *xq, const float *
 #else
 
 void q_r16(int type, const uint8_t *grp, int nr, const int8_t *xq, const float *xs,
-           const int32_t *xi, const int32_t *xe, int64_t mr, int64_t k, int64_t kp, int64_t gp,
-           const float *bias, float *y, int64_t ldy) {
+           const int32_t *xi, const uint8_t *xk, int64_t cstride, int64_t mr, int64_t k,
+           int64_t kp, int64_t gp, const float *bias, float *y, int64_t ldy) {
     /* never called: tandem_q_r16_bytes is 0 in this build, so nothing is interleaved */
-    (void)type, (void)grp, (void)nr, (void)xq, (void)xs, (void)xi, (void)xe, (void)mr, (void)k;
-    (void)kp, (void)gp, (void)bias, (void)y, (void)ldy;
+    (void)type, (void)grp, (void)nr, (void)xq, (void)xs, (void)xi, (void)xk, (void)cstride;
+    (void)mr, (void)k, (void)kp, (void)gp, (void)bias, (void)y, (void)ldy;
 }
 
 #endif

@@ -44,25 +44,26 @@ void prepare_x(const float *x, int64_t k, int64_t kp, int8_t *q, float *xs, floa
  * (127 * 8), per 32 the smallest e in 1..8 with (max|x| over the 32) <= 127 D e, and q =
  * round(x / (D e)) (nearest even). A 32 of small values keeps a step up to 8x finer than the
  * 256's largest needs: llama.cpp's Q8_K (one step per 256, no e) measured 2.7x the KL of
- * steps per 32 on Gemma 3, this the same KL. q [kp], D at xs [c / 256] (xs's row stride stays
- * kp / 4), e [kp / 32] in xe. In xi, per 256 (16 entries), the int32 words whose 16-bit halves
- * are e * (sum q) of two neighbours, the multipliers of the kernel's vpmaddwd pairs, made once
- * per x row instead of once per weight block: [p] the 32s 2p and 2p + 1 (Q4_K/Q5_K mins),
- * [4 + j] the 16s 2j and 2j + 1 (Q6_K's offsets); each within int16 (8 * 32 * 127). k is a
- * multiple of 256. */
+ * steps per 32 on Gemma 3, this the same KL. Per 256 one record (quant_direct.h: q, D, e per
+ * 32, and the words whose 16-bit halves are e * (sum q) of two neighbours, the multipliers of
+ * the kernel's vpmaddwd pairs, made once per x row instead of once per weight block: [p] the
+ * 32s 2p and 2p + 1 (Q4_K/Q5_K mins), [4 + j] the 16s 2j and 2j + 1 (Q6_K's offsets); each
+ * within int16, 8 * 32 * 127), the next 256's cstride bytes on. k is a multiple of 256. */
 static inline int32_t pair16(int32_t lo, int32_t hi) {
     return (int32_t)(((uint32_t)hi << 16) | ((uint32_t)lo & 0xFFFFu));
 }
-void prepare_xk(const float *x, int64_t k, int64_t kp, int8_t *q, float *xs, int32_t *xe,
-                int32_t *xi) {
-    for (int64_t c = 0; c < k; c += 256) {
+
+void prepare_xk(const float *x, int64_t k, uint8_t *rec, int64_t cstride) {
+    for (int64_t c = 0; c < k; c += 256, rec += cstride) {
+        int8_t *q = (int8_t *)rec;
+        int32_t *w = (int32_t *)(rec + XK_W), *ev = (int32_t *)(rec + XK_E);
         float m32[8], amax = 0.0f;
         for (int j = 0; j < 8; j++) {
             m32[j] = amax32(x + c + 32 * j);
             amax = m32[j] > amax ? m32[j] : amax;
         }
         const float D = amax / 1016.0f;
-        xs[c / 256] = D;
+        *(float *)(rec + XK_D) = D;
         int32_t es[16];  /* e * (sum q) per 16 */
         for (int j = 0; j < 8; j++) {
             int e = D > 0.0f ? (int)ceilf(m32[j] / (127.0f * D)) : 1;
@@ -72,17 +73,15 @@ void prepare_xk(const float *x, int64_t k, int64_t kp, int8_t *q, float *xs, int
             for (int t = 0; t < 32; t++) {
                 int v = (int)nearbyintf(x[c + 32 * j + t] * id);
                 v = v > 127 ? 127 : v < -127 ? -127 : v;
-                q[c + 32 * j + t] = (int8_t)v;
+                q[32 * j + t] = (int8_t)v;
                 if (t < 16) sum0 += v; else sum1 += v;
             }
-            xe[c / 32 + j] = e;
+            ev[j] = e;
             es[2 * j] = e * sum0, es[2 * j + 1] = e * sum1;
         }
-        int32_t *w = xi + c / 16;
         for (int p = 0; p < 4; p++)
             w[p] = pair16(es[4 * p] + es[4 * p + 1], es[4 * p + 2] + es[4 * p + 3]);
         for (int j = 0; j < 8; j++) w[4 + j] = pair16(es[2 * j], es[2 * j + 1]);
         for (int u = 12; u < 16; u++) w[u] = 0;
     }
-    memset(q + k, 0, (size_t)(kp - k));
 }
