@@ -31,8 +31,8 @@
 #endif
 #define INL static inline __attribute__((always_inline))
 
-/* Eighth j of a K-quant block of bb bytes (2,304-3,360: 36-53 lines) into the cache, one eighth
- * per sub-block: a burst of the whole block at its start filled the miss buffers and stalled
+/* Eighth j of a K-quant block of bb bytes (2,304-3,360: 36-53 lines) into the cache, an eighth
+ * per sub-block (Q4_K/Q5_K: a pair per pair of sub-blocks): a burst of the whole block at its start filled the miss buffers and stalled
  * the core at the prefetches (a 5-row verification of the 8B shapes, out of cache, took 1.8x as
  * long that way). A 32-element block (5-9 lines) is still fetched at once. */
 INL void prefetch_eighth(const uint8_t *block, int64_t bb, int j) {
@@ -88,13 +88,59 @@ INL float xk_d(const uint8_t *r, int i) {
     return *(const float *)(const void *)(r + i * XK_BYTES + XK_D);
 }
 
+/* Sub-block j + odd of a Q4_K/Q5_K block g (odd: the high nibbles of the same bytes) against
+ * mrt rows of x (records at xr): S [i] += sc_j e_j (sum u q). */
+INL void k_sub(v16i *S, const uint8_t *g, const uint8_t *xr, const int mrt, const int h,
+               const int k5, const int j0, const int odd) {
+    const int j = j0 + odd;
+    const uint8_t *v = g + (k5 ? 832 : 320) + 512 * (j0 / 2);
+    const v16i low4 = vi_bytes(0x0F), sc = vi_scales(g + 64 + 16 * j, 0, h);
+    for (int w0 = 0; w0 < 8; w0 += KW) {
+        v16i W[KW];  /* loaded again for the high nibbles: held, they spilled */
+        for (int w = 0; w < KW; w++) {
+            v16i q = vi_load(v + 64 * (w0 + w), h);
+            W[w] = vi_and(odd ? vi_srl16(q, 4) : q, low4);
+        }
+        if (k5) fifth_bits(W, g + 320 + 64 * j, h, w0, KW);
+        for (int i = 0; i < mrt; i++)  /* pair sums: 16 bits for 8 or 4 words */
+            S[i] = vi_sdot(S[i], W, KW, xk_q(xr, i) + 32 * j + 4 * w0,
+                           vi_times(sc, xk_e(xr, i)[j]), k5 || KW < 8 ? 4 : 8);
+    }
+}
+
+/* Sub-block j = 4n + r of a Q6_K block g (half n, quarter r, as ggml's order) against mrt rows of
+ * x: S [i] += sum over its two 16-groups G of sc_G e_j (sum u q). */
+INL void q6_sub(v16i *S, const uint8_t *g, const uint8_t *xr, const int mrt, const int h,
+                const int n, const int r) {
+    const int j = 4 * n + r;
+    const uint8_t *ql = g + 288, *qh = g + 288 + 2048;
+    const v16i low4 = vi_bytes(0x0F), two = vi_bytes(3);
+    /* words 0-3: elements 0-15 (group 2j, its scale sc0), 4-7: 16-31 (2j + 1) */
+    const v16i sc0 = vi_scales(g + 32 + 32 * j, 1, h), sc1 = vi_scales(g + 48 + 32 * j, 1, h);
+    for (int w0 = 0; w0 < 8; w0 += KW) {
+        v16i W[KW];
+        for (int u = 0; u < KW; u++) {
+            const int w = w0 + u;
+            v16i l = vi_load(ql + 64 * (16 * n + 8 * (r & 1) + w), h);
+            v16i hb = vi_and(vi_srl16(vi_load(qh + 64 * (8 * n + w), h), 2 * r), two);
+            W[u] = vi_or(vi_and(r >= 2 ? vi_srl16(l, 4) : l, low4), vi_sll16(hb, 4));
+        }
+        for (int i = 0; i < mrt; i++) {
+            const int8_t *x = xk_q(xr, i) + 32 * j;
+            const int32_t ex = xk_e(xr, i)[j];
+            for (int u = 0; u < KW; u += 4)
+                S[i] = vi_sdot(S[i], W + u, 4, x + 4 * (w0 + u), vi_times(w0 + u ? sc1 : sc0, ex),
+                               2);
+        }
+    }
+}
+
 /* One group (16 rows) against mrt <= RM rows of x: acc [i] += every block's terms. */
 INL void group_tile(const int type, const int mrt, const int h, const uint8_t *grp,
                     const int8_t *xq, const float *xs, const int32_t *xi, const uint8_t *xk,
                     int64_t cstride,
                     int64_t k, int64_t kp, int64_t gp, v16f *acc) {
     const int64_t block = q_block(type), bb = q_r16_block_bytes(type);
-    const v16i low4 = vi_bytes(0x0F), two = vi_bytes(3);
     const int sgn = type == T_Q8_0 && R16_Q8_SIGNED, q5 = type == T_Q5_0 || type == T_Q5_1;
     for (int64_t b = 0; b < k / block; b++) {
         const uint8_t *g = grp + b * bb;
@@ -132,21 +178,11 @@ INL void group_tile(const int type, const int mrt, const int h, const uint8_t *g
             const uint8_t *xr = xk + b * cstride;  /* x row i's record: xr + i * XK_BYTES */
             v16i S[RM];  /* sum over sub-blocks j of sc_j e_j (sum u q): exact */
             for (int i = 0; i < mrt; i++) S[i] = vi_zero();
-            for (int j = 0; j < 8; j++) {  /* qs bytes 32(j / 2)..: j even low, odd high */
-                const uint8_t *v = g + (k5 ? 832 : 320) + 512 * (j / 2);
-                if (h == 0) prefetch_eighth(g + PF * bb, bb, j);
-                const v16i sc = vi_scales(g + 64 + 16 * j, 0, h);
-                for (int w0 = 0; w0 < 8; w0 += KW) {
-                    v16i W[KW];  /* loaded again for the high nibbles: held, they spilled */
-                    for (int w = 0; w < KW; w++) {
-                        v16i q = vi_load(v + 64 * (w0 + w), h);
-                        W[w] = vi_and(j & 1 ? vi_srl16(q, 4) : q, low4);
-                    }
-                    if (k5) fifth_bits(W, g + 320 + 64 * j, h, w0, KW);
-                    for (int i = 0; i < mrt; i++)  /* pair sums: 16 bits for 8 or 4 words */
-                        S[i] = vi_sdot(S[i], W, KW, xk_q(xr, i) + 32 * j + 4 * w0,
-                                       vi_times(sc, xk_e(xr, i)[j]), k5 || KW < 8 ? 4 : 8);
-                }
+            for (int j = 0; j < 8; j += 2) {  /* qs bytes 32(j / 2)..: j even low, odd high */
+                if (h == 0)  /* this pair's eighths of the block PF ahead */
+                    prefetch_eighth(g + PF * bb, bb, j), prefetch_eighth(g + PF * bb, bb, j + 1);
+                k_sub(S, g, xr, mrt, h, k5, j, 0);  /* two calls: the nibble's half a constant */
+                k_sub(S, g, xr, mrt, h, k5, j, 1);
             }
             v16i mins[4];  /* lane pairs (mn_2p, mn_2p+1) */
             for (int p = 0; p < 4; p++)
@@ -161,31 +197,18 @@ INL void group_tile(const int type, const int mrt, const int h, const uint8_t *g
                 acc[i] = vf_fma(vf_cvt(M), vf_mul(dmin, vf_set1(D)), acc[i]);
             }
         } else {  /* T_Q6_K: sub-block j = elements 32j..: half n, quarter r (as ggml's order) */
-            const uint8_t *ql = g + 288, *qh = g + 288 + 2048, *xr = xk + b * cstride;
+            const uint8_t *xr = xk + b * cstride;
             v16i S[RM];  /* sum over 16-groups G of sc_G e (sum u q): exact */
             for (int i = 0; i < mrt; i++) S[i] = vi_zero();
-            for (int j = 0; j < 8; j++) {
-                const int n = j / 4, r = j % 4;
-                if (h == 0) prefetch_eighth(g + PF * bb, bb, j);
-                /* words 0-3: elements 0-15 (group 2j, its scale sc0), 4-7: 16-31 (2j + 1) */
-                const v16i sc0 = vi_scales(g + 32 + 32 * j, 1, h);
-                const v16i sc1 = vi_scales(g + 48 + 32 * j, 1, h);
-                for (int w0 = 0; w0 < 8; w0 += KW) {
-                    v16i W[KW];
-                    for (int u = 0; u < KW; u++) {
-                        const int w = w0 + u;
-                        v16i l = vi_load(ql + 64 * (16 * n + 8 * (r & 1) + w), h);
-                        v16i hb = vi_and(vi_srl16(vi_load(qh + 64 * (8 * n + w), h), 2 * r), two);
-                        W[u] = vi_or(vi_and(r >= 2 ? vi_srl16(l, 4) : l, low4), vi_sll16(hb, 4));
-                    }
-                    for (int i = 0; i < mrt; i++) {
-                        const int8_t *x = xk_q(xr, i) + 32 * j;
-                        const int32_t ex = xk_e(xr, i)[j];
-                        for (int u = 0; u < KW; u += 4)
-                            S[i] = vi_sdot(S[i], W + u, 4, x + 4 * (w0 + u),
-                                           vi_times(w0 + u ? sc1 : sc0, ex), 2);
-                    }
-                }
+            for (int n = 0; n < 2; n++) {  /* four calls: the quarter r a constant in each */
+                if (h == 0) prefetch_eighth(g + PF * bb, bb, 4 * n);
+                q6_sub(S, g, xr, mrt, h, n, 0);
+                if (h == 0) prefetch_eighth(g + PF * bb, bb, 4 * n + 1);
+                q6_sub(S, g, xr, mrt, h, n, 1);
+                if (h == 0) prefetch_eighth(g + PF * bb, bb, 4 * n + 2);
+                q6_sub(S, g, xr, mrt, h, n, 2);
+                if (h == 0) prefetch_eighth(g + PF * bb, bb, 4 * n + 3);
+                q6_sub(S, g, xr, mrt, h, n, 3);
             }
             v16i scs[8];  /* lane pairs (sc_2j, sc_2j+1) */
             for (int j = 0; j < 8; j++) scs[j] = vi_pairs(g + 32 + 32 * j, g + 48 + 32 * j, 1, h);
