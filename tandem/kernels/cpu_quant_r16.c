@@ -26,6 +26,9 @@
 #if R16_KERNEL
 
 #define RM 6 /* x rows a pass: 8 weight registers + RM accumulators + sums */
+#ifndef CHUNK_ABOVE
+#define CHUNK_ABOVE 16384 /* bytes of a group's row beyond which passes take turns (r16_pass) */
+#endif
 #ifndef PF
 #define PF 2
 #endif
@@ -228,26 +231,38 @@ INL void group_tile(const int type, const int mrt, const int h, const uint8_t *g
 INL void r16_pass(const int type, const int mrt, const uint8_t *grp, int nr, const int8_t *xq,
                   const float *xs, const int32_t *xi, const uint8_t *xk, int64_t cstride,
                   int64_t k, int64_t kp, int64_t gp, const float *bias, float *y, int64_t ldy) {
-    /* With several passes (AVX2, NEON) the passes take turns every 256 elements, so a pass
-     * after the first finds the block in L1 (passes over the whole row re-read it from L2: one
-     * x row, held to AVX2, took 1.1-1.2x as long); with one (AVX-512) the row goes at once (the
-     * turns cost it a quarter at five rows). Each lane's sums go in block order either way. */
+    /* With several passes (AVX2, NEON) over a long row (a group's bytes past CHUNK_ABOVE) the
+     * passes take turns every 256 elements, so a pass after the first finds the block in L1
+     * (passes over the whole row re-read it from L2: held to AVX2, one x row of a Q4_K 49,152 x
+     * 4,096 took 1.1-1.2x as long). A short row stays in L1 anyway, and with one pass (AVX-512)
+     * there is nothing to share: both go at once (turns cost the Q8_0 table of Gemma 3, k =
+     * 640, 8-15% natively). Each lane's sums go in block order either way: the same bits. */
     const int64_t block = q_block(type), bb = q_r16_block_bytes(type);
-    const int64_t chunk = R16_HALVES > 1 ? 256 : k;
     const int K = block == 256;
-    v16f acc[R16_HALVES][RM];
-    for (int h = 0; h < R16_HALVES; h++)
-        for (int i = 0; i < mrt; i++) acc[h][i] = vf_zero();
-    for (int64_t c = 0; c < k; c += chunk) {
-        const int64_t len = k - c < chunk ? k - c : chunk;
-        for (int h = 0; h < R16_HALVES && 16 / R16_HALVES * h < nr; h++)
-            group_tile(type, mrt, h, grp + c / block * bb, xq + c, xs + c / 4, xi + c / 16,
-                       K ? xk + c / 256 * cstride : NULL, cstride, len, kp, gp, acc[h]);
+    if (R16_HALVES > 1 && k / block * bb > CHUNK_ABOVE) {
+        v16f acc[R16_HALVES][RM];
+        for (int h = 0; h < R16_HALVES; h++)
+            for (int i = 0; i < mrt; i++) acc[h][i] = vf_zero();
+        for (int64_t c = 0; c < k; c += 256) {
+            const int64_t len = k - c < 256 ? k - c : 256;
+            for (int h = 0; h < R16_HALVES && 16 / R16_HALVES * h < nr; h++)
+                group_tile(type, mrt, h, grp + c / block * bb, xq + c, xs + c / 4, xi + c / 16,
+                           K ? xk + c / 256 * cstride : NULL, cstride, len, kp, gp, acc[h]);
+        }
+        for (int h = 0; h < R16_HALVES && 16 / R16_HALVES * h < nr; h++) {
+            v16f bv = bias ? vf_load_n(bias, nr, h) : vf_zero();
+            for (int i = 0; i < mrt; i++)
+                vf_store_n(y + i * ldy, bias ? vf_add(acc[h][i], bv) : acc[h][i], nr, h);
+        }
+        return;
     }
     for (int h = 0; h < R16_HALVES && 16 / R16_HALVES * h < nr; h++) {
+        v16f acc[RM];
+        for (int i = 0; i < mrt; i++) acc[i] = vf_zero();
+        group_tile(type, mrt, h, grp, xq, xs, xi, xk, cstride, k, kp, gp, acc);
         v16f bv = bias ? vf_load_n(bias, nr, h) : vf_zero();
         for (int i = 0; i < mrt; i++)
-            vf_store_n(y + i * ldy, bias ? vf_add(acc[h][i], bv) : acc[h][i], nr, h);
+            vf_store_n(y + i * ldy, bias ? vf_add(acc[i], bv) : acc[i], nr, h);
     }
 }
 
