@@ -1,8 +1,9 @@
 /* The quantized matmul on weights interleaved 16 rows at a time (layout: cpu_quant_pack.c;
  * 16 lanes: quant_r16_vec.h). One vpdpbusd (AVX-512 VNNI; AVX2: vpmaddubsw + vpmaddwd on two
- * halves; NEON: sdot on four quarters) multiplies 4 bytes of an x row, broadcast, with the same 4 elements of 16 weight rows,
- * so 16 outputs fill 16 lanes and a block's sums stay integers (exact) until the block's scale:
- * per (block of 32, 16 rows, x row) 8 vpdpbusd, one convert and one or two FMAs, where the
+ * halves; NEON: sdot on four quarters) multiplies 4 bytes of an x row, broadcast, with the
+ * same 4 elements of 16 weight rows, so 16 outputs fill 16 lanes and a block's sums stay
+ * integers (exact) until the block's scale: per (block of 32, 16 rows, x row) 8 vpdpbusd, one
+ * convert and one or two FMAs, where the
  * row-major paths (cpu_quant.c, cpu_quant_direct.c) take 4 lane-wise converts and FMAs per 16
  * elements of each row. *
  * Numerics, per output y = x . w, blocks in order, each output in its own lane (no reduction).
@@ -35,9 +36,10 @@
 #define INL static inline __attribute__((always_inline))
 
 /* Eighth j of a K-quant block of bb bytes (2,304-3,360: 36-53 lines) into the cache, an eighth
- * per sub-block (Q4_K/Q5_K: a pair per pair of sub-blocks): a burst of the whole block at its start filled the miss buffers and stalled
- * the core at the prefetches (a 5-row verification of the 8B shapes, out of cache, took 1.8x as
- * long that way). A 32-element block (5-9 lines) is still fetched at once. */
+ * per sub-block (Q4_K/Q5_K: a pair per pair of sub-blocks): a burst of the whole block at its
+ * start filled the miss buffers and stalled the core at the prefetches (a 5-row verification
+ * of the 8B shapes, out of cache, took 1.8x as long that way). A 32-element block (5-9 lines)
+ * is still fetched at once. */
 INL void prefetch_eighth(const uint8_t *block, int64_t bb, int j) {
     for (int64_t o = (j * bb / 8) & ~63; o < (j + 1) * bb / 8; o += 64)
         r16_prefetch(block + o);
@@ -141,8 +143,7 @@ INL void q6_sub(v16i *S, const uint8_t *g, const uint8_t *xr, const int mrt, con
 /* One group (16 rows) against mrt <= RM rows of x: acc [i] += every block's terms. */
 INL void group_tile(const int type, const int mrt, const int h, const uint8_t *grp,
                     const int8_t *xq, const float *xs, const int32_t *xi, const uint8_t *xk,
-                    int64_t cstride,
-                    int64_t k, int64_t kp, int64_t gp, v16f *acc) {
+                    int64_t cstride, int64_t k, int64_t kp, int64_t gp, v16f *acc) {
     const int64_t block = q_block(type), bb = q_r16_block_bytes(type);
     const int sgn = type == T_Q8_0 && R16_Q8_SIGNED, q5 = type == T_Q5_0 || type == T_Q5_1;
     for (int64_t b = 0; b < k / block; b++) {

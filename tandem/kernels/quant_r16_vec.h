@@ -281,7 +281,8 @@ INL v16f vf_add(v16f a, v16f b) { return vaddq_f32(a, b); }
 INL v16f vf_fma(v16f a, v16f b, v16f c) { return vfmaq_f32(c, a, b); } /* a * b + c, fused */
 INL v16f vf_neg(v16f a) { return vnegq_f32(a); }
 INL v16f vf_half(const uint8_t *p, int h) { /* float16 4h .. 4h + 3, widened exactly */
-    return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16((const uint16_t *)(const void *)(p + 8 * h))));
+    const uint16x4_t bits = vld1_u16((const uint16_t *)(const void *)(p + 8 * h));
+    return vcvt_f32_f16(vreinterpret_f16_u16(bits));
 }
 INL v16f vf_load_n(const float *p, int n, int h) {
     float t[4] = {0};
