@@ -14,6 +14,18 @@
 /* One cache line at p into L1 (prefetcht0 on x86, prfm pldl1keep on Arm). */
 INL void r16_prefetch(const void *p) { __builtin_prefetch(p, 0, 3); }
 
+/* Where a register holds L lanes (AVX2, NEON): lanes L h .. of the first n (<= 16) floats at p
+ * into t [L], the rest zero; and t's lanes back to p. */
+INL void lanes_in(float *t, const float *p, int n, int h, int L) {
+    const int c = n - L * h;
+    memset(t, 0, sizeof(float) * (size_t)L);
+    if (c > 0) memcpy(t, p + L * h, sizeof(float) * (size_t)(c < L ? c : L));
+}
+INL void lanes_out(float *p, const float *t, int n, int h, int L) {
+    const int c = n - L * h;
+    if (c > 0) memcpy(p + L * h, t, sizeof(float) * (size_t)(c < L ? c : L));
+}
+
 #if STEP == 64
 #define R16_HALVES 1
 #define R16_Q8_SIGNED 0 /* Q8_0 as u = q + 128 (vpdpbusd takes 0-255), minus 128 sum x after */
@@ -49,25 +61,6 @@ INL v16i vi_dot4(v16i acc, v16i w, const int8_t *x, int w_signed) {
  * vi_sdot takes (here int32); vi_times multiplies them by x's e (1-8). */
 INL v16i vi_scales(const uint8_t *p, int is_signed, int h) { return vi_widen8(p, is_signed, h); }
 INL v16i vi_times(v16i m, int32_t e) { return _mm512_mullo_epi32(m, _mm512_set1_epi32(e)); }
-/* sum over words w < n (even) of W[w] . x[4w .. 4w + 3]: vpdpbusd in two chains (latency). */
-INL v16i vi_dotn(const v16i *W, int n, const int8_t *x) {
-    v16i s0 = vi_zero(), s1 = vi_zero();
-    for (int w = 0; w < n; w += 2) {
-        s0 = vi_dot4(s0, W[w], x + 4 * w, 0);
-        s1 = vi_dot4(s1, W[w + 1], x + 4 * w + 4, 0);
-    }
-    return vi_add(s0, s1);
-}
-/* acc + m * (the same sum), one multiply after (VNNI takes no multiplier); and the sum over 8
- * words for unsigned u <= 15 (group 8) or 31 (group 4). The group matters to AVX2 alone. */
-INL v16i vi_sdot(v16i acc, const v16i *W, int n, const int8_t *x, v16i m, int group) {
-    (void)group;
-    return vi_add(acc, _mm512_mullo_epi32(vi_dotn(W, n, x), m));
-}
-INL v16i vi_dot8g(const v16i *W, const int8_t *x, int group) {
-    (void)group;
-    return vi_dotn(W, 8, x);
-}
 /* Lane l: the 16-bit pair (a[l], b[l]) of the 16 bytes at a and b; vi_madd2 adds
  * a[l] * ea + b[l] * eb to lane l, for two = ea | eb << 16 (int16 halves, as prepare_xk packs
  * them: one broadcast and one vpmaddwd). */
@@ -185,18 +178,15 @@ INL v16f vf_neg(v16f a) { return _mm256_xor_ps(_mm256_set1_ps(-0.0f), a); }
 INL v16f vf_half(const uint8_t *p, int h) {
     return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 16 * h)));
 }
-/* Lanes 8h.. of the first n (<= 16) floats at p, the rest zero; and the same lanes stored. */
 INL v16f vf_load_n(const float *p, int n, int h) {
-    float t[8] = {0};
-    int c = n - 8 * h;
-    if (c > 0) memcpy(t, p + 8 * h, sizeof(float) * (size_t)(c < 8 ? c : 8));
+    float t[8];
+    lanes_in(t, p, n, h, 8);
     return _mm256_loadu_ps(t);
 }
 INL void vf_store_n(float *p, v16f v, int n, int h) {
     float t[8];
-    int c = n - 8 * h;
     _mm256_storeu_ps(t, v);
-    if (c > 0) memcpy(p + 8 * h, t, sizeof(float) * (size_t)(c < 8 ? c : 8));
+    lanes_out(p, t, n, h, 8);
 }
 
 #else /* Arm NEON: 4 lanes a register, the 16 rows in four passes (rows 4h .. 4h + 3) */
@@ -246,22 +236,6 @@ INL v16i vi_dot4(v16i acc, v16i w, const int8_t *x, int w_signed) {
 }
 INL v16i vi_scales(const uint8_t *p, int is_signed, int h) { return vi_widen8(p, is_signed, h); }
 INL v16i vi_times(v16i m, int32_t e) { return vmulq_n_s32(m, e); }
-INL v16i vi_dotn(const v16i *W, int n, const int8_t *x) { /* two chains, as on AVX-512 */
-    v16i s0 = vi_zero(), s1 = vi_zero();
-    for (int w = 0; w < n; w += 2) {
-        s0 = vi_dot4(s0, W[w], x + 4 * w, 0);
-        s1 = vi_dot4(s1, W[w + 1], x + 4 * w + 4, 0);
-    }
-    return vi_add(s0, s1);
-}
-INL v16i vi_sdot(v16i acc, const v16i *W, int n, const int8_t *x, v16i m, int group) {
-    (void)group;
-    return vmlaq_s32(acc, vi_dotn(W, n, x), m);
-}
-INL v16i vi_dot8g(const v16i *W, const int8_t *x, int group) {
-    (void)group;
-    return vi_dotn(W, 8, x);
-}
 /* Lane l: a[l] in the low 16 bits, b[l] in the high 16 (each sign- or zero-extended from its
  * byte); vi_madd2 takes lanes and multipliers apart again and adds a[l] * ea + b[l] * eb. */
 INL v16i vi_pairs(const uint8_t *a, const uint8_t *b, int is_signed, int h) {
@@ -285,16 +259,37 @@ INL v16f vf_half(const uint8_t *p, int h) { /* float16 4h .. 4h + 3, widened exa
     return vcvt_f32_f16(vreinterpret_f16_u16(bits));
 }
 INL v16f vf_load_n(const float *p, int n, int h) {
-    float t[4] = {0};
-    int c = n - 4 * h;
-    if (c > 0) memcpy(t, p + 4 * h, sizeof(float) * (size_t)(c < 4 ? c : 4));
+    float t[4];
+    lanes_in(t, p, n, h, 4);
     return vld1q_f32(t);
 }
 INL void vf_store_n(float *p, v16f v, int n, int h) {
     float t[4];
-    int c = n - 4 * h;
     vst1q_f32(t, v);
-    if (c > 0) memcpy(p + 4 * h, t, sizeof(float) * (size_t)(c < 4 ? c : 4));
+    lanes_out(p, t, n, h, 4);
+}
+#endif
+
+#if R16_HALVES != 2 /* AVX-512 and NEON: the dot products land in int32 lanes */
+/* sum over words w < n (even) of W[w] . x[4w .. 4w + 3], in two chains (latency). */
+INL v16i vi_dotn(const v16i *W, int n, const int8_t *x) {
+    v16i s0 = vi_zero(), s1 = vi_zero();
+    for (int w = 0; w < n; w += 2) {
+        s0 = vi_dot4(s0, W[w], x + 4 * w, 0);
+        s1 = vi_dot4(s1, W[w + 1], x + 4 * w + 4, 0);
+    }
+    return vi_add(s0, s1);
+}
+/* acc + m * (the same sum), one multiply after (vpdpbusd and sdot take no multiplier); and the
+ * sum over 8 words for unsigned u <= 15 (group 8) or 31 (group 4). The group matters to AVX2
+ * alone (its 16-bit pair sums). */
+INL v16i vi_sdot(v16i acc, const v16i *W, int n, const int8_t *x, v16i m, int group) {
+    (void)group;
+    return vi_add(acc, vi_mul(vi_dotn(W, n, x), m));
+}
+INL v16i vi_dot8g(const v16i *W, const int8_t *x, int group) {
+    (void)group;
+    return vi_dotn(W, 8, x);
 }
 #endif
 
