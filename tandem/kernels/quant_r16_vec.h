@@ -14,17 +14,6 @@
 /* One cache line at p into L1 (prefetcht0 on x86, prfm pldl1keep on Arm). */
 INL void r16_prefetch(const void *p) { __builtin_prefetch(p, 0, 3); }
 
-/* Where a register holds L lanes (AVX2, NEON): lanes L h .. of the first n (<= 16) floats at p
- * into t [L], the rest zero; and t's lanes back to p. */
-INL void lanes_in(float *t, const float *p, int n, int h, int L) {
-    const int c = n - L * h;
-    memset(t, 0, sizeof(float) * (size_t)L);
-    if (c > 0) memcpy(t, p + L * h, sizeof(float) * (size_t)(c < L ? c : L));
-}
-INL void lanes_out(float *p, const float *t, int n, int h, int L) {
-    const int c = n - L * h;
-    if (c > 0) memcpy(p + L * h, t, sizeof(float) * (size_t)(c < L ? c : L));
-}
 
 #if STEP == 64
 #define R16_HALVES 1
@@ -178,16 +167,8 @@ INL v16f vf_neg(v16f a) { return _mm256_xor_ps(_mm256_set1_ps(-0.0f), a); }
 INL v16f vf_half(const uint8_t *p, int h) {
     return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 16 * h)));
 }
-INL v16f vf_load_n(const float *p, int n, int h) {
-    float t[8];
-    lanes_in(t, p, n, h, 8);
-    return _mm256_loadu_ps(t);
-}
-INL void vf_store_n(float *p, v16f v, int n, int h) {
-    float t[8];
-    _mm256_storeu_ps(t, v);
-    lanes_out(p, t, n, h, 8);
-}
+INL v16f vf_loadu(const float *t) { return _mm256_loadu_ps(t); }
+INL void vf_storeu(float *t, v16f v) { _mm256_storeu_ps(t, v); }
 
 #else /* Arm NEON: 4 lanes a register, the 16 rows in four passes (rows 4h .. 4h + 3) */
 #include <arm_neon.h>
@@ -258,15 +239,24 @@ INL v16f vf_half(const uint8_t *p, int h) { /* float16 4h .. 4h + 3, widened exa
     const uint16x4_t bits = vld1_u16((const uint16_t *)(const void *)(p + 8 * h));
     return vcvt_f32_f16(vreinterpret_f16_u16(bits));
 }
+INL v16f vf_loadu(const float *t) { return vld1q_f32(t); }
+INL void vf_storeu(float *t, v16f v) { vst1q_f32(t, v); }
+#endif
+
+#if R16_HALVES > 1 /* AVX2, NEON: L lanes a register, through a buffer (no masked moves) */
+#define R16_LANES (16 / R16_HALVES)
+/* Lanes L h .. of the first n (<= 16) floats at p, the rest zero; and the same lanes stored. */
 INL v16f vf_load_n(const float *p, int n, int h) {
-    float t[4];
-    lanes_in(t, p, n, h, 4);
-    return vld1q_f32(t);
+    float t[R16_LANES] = {0};
+    const int c = n - R16_LANES * h, len = c < R16_LANES ? c : R16_LANES;
+    if (c > 0) memcpy(t, p + R16_LANES * h, sizeof(float) * (size_t)len);
+    return vf_loadu(t);
 }
 INL void vf_store_n(float *p, v16f v, int n, int h) {
-    float t[4];
-    vst1q_f32(t, v);
-    lanes_out(p, t, n, h, 4);
+    float t[R16_LANES];
+    const int c = n - R16_LANES * h, len = c < R16_LANES ? c : R16_LANES;
+    vf_storeu(t, v);
+    if (c > 0) memcpy(p + R16_LANES * h, t, sizeof(float) * (size_t)len);
 }
 #endif
 
