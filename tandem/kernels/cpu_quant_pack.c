@@ -11,7 +11,7 @@
  *   Q4_1  [d][m][qs as Q4_0]                                                320 = 16 x 20
  *   Q5_0  [d][qh' 64][qs as Q4_0]                                           352 = 16 x 22
  *   Q5_1  [d][m][qh' 64][qs as Q4_0]                                        384 = 16 x 24
- *   Q8_0  [d][qs 8 x 64, each byte q + 128]                                 544 = 16 x 34
+ *   Q8_0  [d][qs 8 x 64: q, or q + 128 for vpdpbusd (R16_Q8_SIGNED 0)]      544 = 16 x 34
  *   Q4_K  [d][dmin][scale 8 x 16][min 8 x 16][qs 32 x 64]                 2368 = 16 x 148
  *   Q5_K  [d][dmin][scale][min][qh' 8 x 64: sub-block j's][qs 32 x 64]      2880 = 16 x 180
  *   Q6_K  [d][scale 16 x 16 (int8)][ql 32 x 64][qh 16 x 64]               3360 = 16 x 210
@@ -107,11 +107,12 @@ static void move_block(int type, uint8_t *p, uint8_t *g, int r, int to_group) {
     }
     case T_Q8_0:
         MOVE(g + 2 * r, p, 2);
-        for (int v = 0; v < 8; v++) {  /* q + 128: unsigned, as vpdpbusd takes it */
+        for (int v = 0; v < 8; v++) {  /* q + 128 (unsigned) where vpdpbusd reads it */
             uint8_t *w = word(g + 32, v, r), *q = p + 2 + 4 * v;
+            const uint8_t flip = R16_Q8_SIGNED ? 0 : 0x80;
             for (int i = 0; i < 4; i++) {
-                if (to_group) w[i] = q[i] ^ 0x80;
-                else q[i] = w[i] ^ 0x80;
+                if (to_group) w[i] = q[i] ^ flip;
+                else q[i] = w[i] ^ flip;
             }
         }
         break;

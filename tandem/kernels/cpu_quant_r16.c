@@ -45,12 +45,13 @@ INL void prefetch_eighth(const uint8_t *block, int64_t bb, int j) {
         r16_prefetch(block + o);
 }
 
-/* sum over 8 words w of W[w] . x[4w .. 4w + 3], in two chains (latency), then one add. */
-INL v16i dot8(const v16i *W, const int8_t *x, int w_signed) {
+/* Q8_0: sum over a block's 8 words w (vi_q8w of the words at p, half h) of q[w] . x[4w ..],
+ * in two chains (latency), then one add. */
+INL v16i q8_dot8(const v16i *W, const uint8_t *p, int h, const int8_t *x) {
     v16i s0 = vi_zero(), s1 = vi_zero();
     for (int w = 0; w < 8; w += 2) {
-        s0 = vi_dot4(s0, W[w], x + 4 * w, w_signed);
-        s1 = vi_dot4(s1, W[w + 1], x + 4 * w + 4, w_signed);
+        s0 = vi_q8dot4(s0, W[w], p + 64 * w, h, x + 4 * w);
+        s1 = vi_q8dot4(s1, W[w + 1], p + 64 * w + 64, h, x + 4 * w + 4);
     }
     return vi_add(s0, s1);
 }
@@ -145,7 +146,7 @@ INL void group_tile(const int type, const int mrt, const int h, const uint8_t *g
                     const int8_t *xq, const float *xs, const int32_t *xi, const uint8_t *xk,
                     int64_t cstride, int64_t k, int64_t kp, int64_t gp, v16f *acc) {
     const int64_t block = q_block(type), bb = q_r16_block_bytes(type);
-    const int sgn = type == T_Q8_0 && R16_Q8_SIGNED, q5 = type == T_Q5_0 || type == T_Q5_1;
+    const int q5 = type == T_Q5_0 || type == T_Q5_1;
     for (int64_t b = 0; b < k / block; b++) {
         const uint8_t *g = grp + b * bb;
         const int64_t e0 = b * block;
@@ -154,10 +155,8 @@ INL void group_tile(const int type, const int mrt, const int h, const uint8_t *g
         if (block == 32) {
             v16f d = vf_half(g, h), m = vf_zero();
             v16i W[8];
-            if (type == T_Q8_0)  /* u = q + 128; signed q back with R16_Q8_SIGNED */
-                for (int w = 0; w < 8; w++)
-                    W[w] = sgn ? vi_xor(vi_load(g + 32 + 64 * w, h), vi_bytes((int8_t)0x80))
-                               : vi_load(g + 32 + 64 * w, h);
+            if (type == T_Q8_0)  /* q, or u = q + 128 (R16_Q8_SIGNED 0) */
+                for (int w = 0; w < 8; w++) W[w] = vi_q8w(g + 32 + 64 * w, h);
             else {  /* after d (and m): Q5's permuted fifth bits, then the nibbles */
                 const int64_t off = type == T_Q4_1 || type == T_Q5_1 ? 64 : 32;
                 nibbles4(g + off + (q5 ? 64 : 0), W, h);
@@ -168,11 +167,11 @@ INL void group_tile(const int type, const int mrt, const int h, const uint8_t *g
                 const float dx = xs[i * (kp / 4) + e0 / 4];
                 const int32_t qs = xi[i * gp + e0 / 16] + xi[i * gp + e0 / 16 + 1];
                 /* the same integer either way; u <= 15 or 31 sums in 16 bits on AVX2 */
-                v16i s = type == T_Q8_0 ? dot8(W, xq + i * kp + e0, sgn)
+                v16i s = type == T_Q8_0 ? q8_dot8(W, g + 32, h, xq + i * kp + e0)
                                         : vi_dot8g(W, xq + i * kp + e0, q5 ? 4 : 8);
                 if (type == T_Q4_0) s = vi_sub1(s, 8 * qs);
                 if (type == T_Q5_0) s = vi_sub1(s, 16 * qs);
-                if (type == T_Q8_0 && !sgn) s = vi_sub1(s, 128 * qs);
+                if (type == T_Q8_0 && !R16_Q8_SIGNED) s = vi_sub1(s, 128 * qs);
                 acc[i] = vf_fma(vf_cvt(s), vf_mul(d, vf_set1(dx)), acc[i]);
                 if (type == T_Q4_1 || type == T_Q5_1)
                     acc[i] = vf_fma(m, vf_set1(dx * (float)qs), acc[i]);

@@ -40,6 +40,9 @@
 #else
 #define R16_KERNEL 0
 #endif
+/* Interleaved Q8_0 holds u = q + 128 where vpdpbusd reads it (it takes 0-255 against signed x),
+ * elsewhere the file's signed q (AVX2's vpsignb and Arm's sdot take it as it is). */
+#define R16_Q8_SIGNED (STEP != 64)
 
 enum { T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q5_1 = 7, T_Q8_0 = 8, T_Q4_K = 12, T_Q5_K = 13,
        T_Q6_K = 14, T_F16 = 1, T_BF16 = 30 };

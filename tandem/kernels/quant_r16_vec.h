@@ -17,7 +17,6 @@ INL void r16_prefetch(const void *p) { __builtin_prefetch(p, 0, 3); }
 
 #if STEP == 64
 #define R16_HALVES 1
-#define R16_Q8_SIGNED 0 /* Q8_0 as u = q + 128 (vpdpbusd takes 0-255), minus 128 sum x after */
 typedef __m512i v16i; /* 64 bytes, or 16 int32 */
 typedef __m512 v16f;
 INL v16i vi_load(const uint8_t *p, int h) { (void)h; return _mm512_loadu_si512(p); }
@@ -39,12 +38,18 @@ INL v16i vi_widen8(const uint8_t *p, int is_signed, int h) {
     return is_signed ? _mm512_cvtepi8_epi32(b) : _mm512_cvtepu8_epi32(b);
 }
 /* acc + per lane r: sum over i < 4 of w [4r + i] (unsigned) * x [i] (signed, the same 4 for
- * every lane). w_signed (signed weight bytes) only where R16_Q8_SIGNED. */
-INL v16i vi_dot4(v16i acc, v16i w, const int8_t *x, int w_signed) {
+ * every lane). */
+INL v16i vi_dot4(v16i acc, v16i w, const int8_t *x) {
     int32_t v;
     memcpy(&v, x, 4);
-    (void)w_signed;
     return _mm512_dpbusd_epi32(acc, w, _mm512_set1_epi32(v));
+}
+/* Q8_0's words of a block as vi_q8dot4 takes them (here u = q + 128, as stored) and its dot of
+ * 4 bytes (here of u: the caller takes 128 sum x off the block's sum). */
+INL v16i vi_q8w(const uint8_t *p, int h) { return vi_load(p, h); }
+INL v16i vi_q8dot4(v16i acc, v16i a, const uint8_t *p, int h, const int8_t *x) {
+    (void)p, (void)h;
+    return vi_dot4(acc, a, x);
 }
 /* K-quant multipliers (cpu_quant_r16.c): 16 int8 or uint8 scales at p, one a lane, in the form
  * vi_sdot takes (here int32); vi_times multiplies them by x's e (1-8). */
@@ -87,7 +92,6 @@ INL void vf_store_n(float *p, v16f v, int n, int h) {
 
 #elif defined(__AVX2__) /* 8 lanes a register, the 16 rows in two passes (0-7, then 8-15) */
 #define R16_HALVES 2
-#define R16_Q8_SIGNED 1 /* Q8_0 as signed q (vpmaddubsw pairs of 255 * 127 would saturate) */
 typedef __m256i v16i;
 typedef __m256 v16f;
 INL v16i vi_load(const uint8_t *p, int h) {
@@ -109,15 +113,17 @@ INL v16i vi_widen8(const uint8_t *p, int is_signed, int h) {
     __m128i b = _mm_loadl_epi64((const __m128i *)(p + 8 * h));
     return is_signed ? _mm256_cvtepi8_epi32(b) : _mm256_cvtepu8_epi32(b);
 }
-/* vpmaddubsw pairs then vpmaddwd: exact while a pair stays within int16, which holds for
- * u <= 63 and for |q| <= 128 (the sign trick). */
-INL v16i vi_dot4(v16i acc, v16i w, const int8_t *x, int w_signed) {
+/* Q8_0 (signed q) by the sign trick: vpmaddubsw of |q| (vi_q8w, once for all of a pass's x
+ * rows) with x carrying q's signs (vpsignb, q read again as its memory operand: the 8 words'
+ * |q| and q together would not fit 16 registers), then vpmaddwd; exact, a pair within int16
+ * for |q|, |x| <= 128. */
+INL v16i vi_q8w(const uint8_t *p, int h) { return _mm256_abs_epi8(vi_load(p, h)); }
+INL v16i vi_q8dot4(v16i acc, v16i a, const uint8_t *p, int h, const int8_t *x) {
     int32_t v;
     memcpy(&v, x, 4);
-    const __m256i xv = _mm256_set1_epi32(v);
-    const __m256i p = w_signed ? _mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(xv, w))
-                               : _mm256_maddubs_epi16(w, xv);
-    return _mm256_add_epi32(acc, _mm256_madd_epi16(p, _mm256_set1_epi16(1)));
+    const __m256i sx = _mm256_sign_epi8(_mm256_set1_epi32(v), vi_load(p, h));
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(a, sx),
+                                                   _mm256_set1_epi16(1)));
 }
 /* K-quant multipliers, as above, but in 16 bits in both halves of a lane: vpmaddwd multiplies
  * vpmaddubsw's pair sums by them instead of by 1, so a scale costs no instruction here. */
@@ -173,7 +179,6 @@ INL void vf_storeu(float *t, v16f v) { _mm256_storeu_ps(t, v); }
 #else /* Arm NEON: 4 lanes a register, the 16 rows in four passes (rows 4h .. 4h + 3) */
 #include <arm_neon.h>
 #define R16_HALVES 4
-#define R16_Q8_SIGNED 1 /* sdot multiplies signed bytes on both sides: Q8_0 as its signed q */
 typedef int32x4_t v16i;
 typedef float32x4_t v16f;
 INL v16i vi_load(const uint8_t *p, int h) { return vreinterpretq_s32_u8(vld1q_u8(p + 16 * h)); }
@@ -203,10 +208,9 @@ INL v16i vi_widen8(const uint8_t *p, int is_signed, int h) { /* bytes 4h .. 4h +
 /* acc + per lane the dot product of its 4 bytes of w with x's 4 (both taken as signed: u <= 63,
  * or Q8_0's signed q): sdot where the CPU has it (Armv8.2 dotprod), else widening multiplies
  * and pairwise adds (a product fits int16), the same integer either way. */
-INL v16i vi_dot4(v16i acc, v16i w, const int8_t *x, int w_signed) {
+INL v16i vi_dot4(v16i acc, v16i w, const int8_t *x) {
     int32_t v;
     memcpy(&v, x, 4);
-    (void)w_signed;
     const int8x16_t xv = vreinterpretq_s8_s32(vdupq_n_s32(v)), ws = vreinterpretq_s8_s32(w);
 #if defined(__ARM_FEATURE_DOTPROD)
     return vdotq_s32(acc, ws, xv);
@@ -214,6 +218,12 @@ INL v16i vi_dot4(v16i acc, v16i w, const int8_t *x, int w_signed) {
     const int16x8_t lo = vmull_s8(vget_low_s8(ws), vget_low_s8(xv)), hi = vmull_high_s8(ws, xv);
     return vaddq_s32(acc, vpaddq_s32(vpaddlq_s16(lo), vpaddlq_s16(hi)));
 #endif
+}
+/* Q8_0's words as stored (signed q) and their dot product (vi_dot4: signed on both sides). */
+INL v16i vi_q8w(const uint8_t *p, int h) { return vi_load(p, h); }
+INL v16i vi_q8dot4(v16i acc, v16i a, const uint8_t *p, int h, const int8_t *x) {
+    (void)p, (void)h;
+    return vi_dot4(acc, a, x);
 }
 INL v16i vi_scales(const uint8_t *p, int is_signed, int h) { return vi_widen8(p, is_signed, h); }
 INL v16i vi_times(v16i m, int32_t e) { return vmulq_n_s32(m, e); }
@@ -265,8 +275,8 @@ INL void vf_store_n(float *p, v16f v, int n, int h) {
 INL v16i vi_dotn(const v16i *W, int n, const int8_t *x) {
     v16i s0 = vi_zero(), s1 = vi_zero();
     for (int w = 0; w < n; w += 2) {
-        s0 = vi_dot4(s0, W[w], x + 4 * w, 0);
-        s1 = vi_dot4(s1, W[w + 1], x + 4 * w + 4, 0);
+        s0 = vi_dot4(s0, W[w], x + 4 * w);
+        s1 = vi_dot4(s1, W[w + 1], x + 4 * w + 4);
     }
     return vi_add(s0, s1);
 }
