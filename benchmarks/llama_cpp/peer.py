@@ -13,8 +13,11 @@ Per file (labels from files.py, or any GGUF path):
 - one stream: llama-bench tg128 (128 tokens from an empty context) against `tandem bench latency`,
   one prompt, greedy, 128 tokens (decode tok/s: its first token, the prefill's, is not counted).
 - 16 streams: llama-batched-bench's text-generation rate S_TG at 16 sequences of 64 prompt + 64
-  generated tokens, against `tandem bench throughput` on 16 prompts x 64 tokens. Note tandem's
-  figure counts its (short) prefills too; batched-bench's S_TG does not.
+  generated tokens, against `tandem bench throughput` on the same shape (16 prompts of 64 tokens,
+  --input-len 64, 64 generated): its generation rate (the tokens after each first one, once
+  every prompt is prefilled), as S_TG counts. "with prefill" is tandem's rate end to end (its
+  prefill's time counted, S_TG's not: the stricter ratio, which sessions before 2026-12-04
+  reported as the 16-stream figure, on shorter prompts).
 JSON goes to benchmarks/results/llama_cpp/. tandem's speed changes as its kernels do: this script
 only runs and reports, it tunes nothing.
 """
@@ -127,9 +130,11 @@ def tandem_one_stream(model: Path, threads: int, spec: dict | None = None) -> fl
     return tandem_bench("latency", model, threads, extra)["decode_tokens_per_s"]
 
 
-def tandem_streams(model: Path, threads: int, streams: int = 16) -> float:
-    return tandem_bench("throughput", model, threads,
-                        ["--num-prompts", streams, "--max-tokens", 64])["output_tokens_per_s"]
+def tandem_streams(model: Path, threads: int, streams: int = 16) -> tuple[float, float]:
+    """(generation rate, rate end to end with the prefill) of 16 prompts of 64 tokens x 64."""
+    r = tandem_bench("throughput", model, threads,
+                     ["--num-prompts", streams, "--input-len", 64, "--max-tokens", 64])
+    return r["generation_tokens_per_s"], r["output_tokens_per_s"]
 
 
 ERRORS: list[str] = []  # saved with the results
@@ -169,9 +174,11 @@ def measure(model: Path, args, tandem_first: bool) -> dict:
             m["llama_16_tg"] = b.get(16, {}).get("tg_tokens_per_s")
         else:
             m["tandem_1"] = attempt(tandem_one_stream, model, args.threads)
-            m["tandem_16"] = attempt(tandem_streams, model, args.threads)
+            m["tandem_16"], m["tandem_16_with_prefill"] = \
+                attempt(tandem_streams, model, args.threads) or (None, None)
     m["ratio_1"] = ratio(m.get("tandem_1"), m.get("llama_tg128"))
     m["ratio_16"] = ratio(m.get("tandem_16"), m.get("llama_16_tg"))
+    m["ratio_16_with_prefill"] = ratio(m.get("tandem_16_with_prefill"), m.get("llama_16_tg"))
     # a busy machine shows here: anything else running steals from whichever side it hits
     m["loadavg_1min_after"] = os.getloadavg()[0]
     return m
@@ -197,18 +204,21 @@ def bench(args) -> None:
         # drifts by more than the sides differ, so a ratio from one pass says little
         row = {key: median([r.get(key) for r in rounds])
                for key in ("llama_tg128", "llama_16_tg", "tandem_1", "tandem_16", "ratio_1",
-                           "ratio_16")}
+                           "ratio_16", "tandem_16_with_prefill", "ratio_16_with_prefill")}
         row.update(file=label, path=str(model), rounds=rounds)
         if args.rounds > 1:
             print("  per round: one stream " + ", ".join(str(r["ratio_1"]) for r in rounds)
                   + "; 16 streams " + ", ".join(str(r["ratio_16"]) for r in rounds), flush=True)
         rows.append(row)
     print(f"\n{'file':16} | {'llama 1':>7} {'tandem 1':>8} {'ratio':>5} | "
-          f"{'llama 16':>8} {'tandem 16':>9} {'ratio':>5}   (tok/s)")
+          f"{'llama 16':>8} {'tandem 16':>9} {'ratio':>5} | {'with prefill':>12}   (tok/s)")
     for r in rows:
         print(f"{r['file']:16} | {fmt(r.get('llama_tg128'))} {fmt(r.get('tandem_1')):>8} "
               f"{r['ratio_1'] or '-':>5} | {fmt(r.get('llama_16_tg')):>8} "
-              f"{fmt(r.get('tandem_16')):>9} {r['ratio_16'] or '-':>5}")
+              f"{fmt(r.get('tandem_16')):>9} {r['ratio_16'] or '-':>5} | "
+              f"{fmt(r.get('tandem_16_with_prefill'))} {r['ratio_16_with_prefill'] or '-':>4}")
+    print("16 streams: generation rates, 16 x (64 prompt + 64 generated) tokens on both sides; "
+          "'with prefill': tandem's rate end to end against the same S_TG")
     print(f"ratios are tandem / llama.cpp (medians of per-round ratios); CPU: {cpu_line(c)}")
     save("peer", {"cpu": c, "threads": args.threads, "side": args.side, "rounds": args.rounds,
                   "isa": args.isa, "rows": rows})

@@ -28,9 +28,10 @@ def test_latency_and_throughput_write_json(tiny_llama: str, tmp_path: Path) -> N
     assert lat["ttft"]["mean_ms"] > 0 and lat["itl"]["mean_ms"] > 0
     assert lat["decode_tokens_per_s"] > 0
     bench("throughput", "--model", tiny_llama, "--num-prompts", "6", "--max-tokens", "8",
-          "--quantization", "q8_0", "--output-json", str(tmp_path / "tput.json"))
+          "--input-len", "10", "--quantization", "q8_0", "--output-json", str(tmp_path / "tput.json"))
     tput = json.loads((tmp_path / "tput.json").read_text())
     assert tput["num_prompts"] == 6 and tput["output_tokens_per_s"] > 0
+    assert tput["input_len"] == 10 and tput["generation_tokens_per_s"] > 0
     for result in (lat, tput):  # the process's memory, next to the speeds
         mem = result["memory"]
         assert mem["rss_after_load_mb"] > mem["rss_before_load_mb"] > 0
@@ -91,3 +92,14 @@ def test_a_bad_model_is_one_line(tmp_path: Path) -> None:
                         str(tmp_path / "missing")], capture_output=True, text=True, timeout=120)
     assert r.returncode != 0 and "tandem bench throughput: error:" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_input_len_gives_every_prompt_that_many_tokens_of_its_own_text() -> None:
+    from tandem.bench.throughput import fixed_length
+
+    class Words:  # a tokenizer: one id per word
+        def encode(self, text: str) -> list[int]:
+            return [len(w) for w in text.split()]
+
+    ids = fixed_length(Words(), ["a bb ccc", "dddd", ""], 5)
+    assert ids == [[1, 2, 3, 1, 2], [4, 4, 4, 4, 4], [0, 0, 0, 0, 0]]
