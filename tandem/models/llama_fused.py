@@ -133,9 +133,10 @@ def address_table(model: DecoderStack, plan: FusedPlan,
     """Each layer's weight and cache addresses ([layers, pointers] int64, 0 for None), from
     `layer_tensors(layer)` (tensors, linear modules, None), in the C stack's order; rebuilt
     when the caches are rebound. None while a cache is not a bound float32 tensor."""
-    attns = [layer.self_attn.attn for layer in model.layers]
-    key = (attns[0].k_cache.data_ptr(), attns[-1].v_cache.data_ptr(), attns[0].k_cache.shape)
-    if plan.table is None or plan.table_key != key:
+    first, last = model.layers[0].self_attn.attn, model.layers[-1].self_attn.attn
+    key = (first.k_cache.data_ptr(), last.v_cache.data_ptr(), first.k_cache.shape)
+    if plan.table is None or plan.table_key != key:  # (every layer's modules: 1% of a step)
+        attns = [layer.self_attn.attn for layer in model.layers]
         if not all(f32(a.k_cache) and f32(a.v_cache) and a.k_cache.numel() for a in attns):
             return None
         rows = [[0 if t is None else weight_address(t) if isinstance(t, nn.Module)
