@@ -69,7 +69,6 @@ INL v16i vi_pairs(const uint8_t *a, const uint8_t *b, int is_signed, int h) {
 INL v16i vi_madd2(v16i acc, v16i pairs, int32_t two) {
     return vi_add(acc, _mm512_madd_epi16(pairs, _mm512_set1_epi32(two)));
 }
-INL v16i vi_xor(v16i a, v16i b) { return _mm512_xor_si512(a, b); }
 INL v16f vf_zero(void) { return _mm512_setzero_ps(); }
 INL v16f vf_set1(float f) { return _mm512_set1_ps(f); }
 INL v16f vf_cvt(v16i a) { return _mm512_cvtepi32_ps(a); }
@@ -100,7 +99,6 @@ INL v16i vi_load(const uint8_t *p, int h) {
 INL v16i vi_bytes(int8_t b) { return _mm256_set1_epi8(b); }
 INL v16i vi_and(v16i a, v16i b) { return _mm256_and_si256(a, b); }
 INL v16i vi_or(v16i a, v16i b) { return _mm256_or_si256(a, b); }
-INL v16i vi_xor(v16i a, v16i b) { return _mm256_xor_si256(a, b); }
 INL v16i vi_srl16(v16i a, int n) { return _mm256_srli_epi16(a, n); }
 INL v16i vi_sll16(v16i a, int n) { return _mm256_slli_epi16(a, n); }
 INL v16i vi_zero(void) { return _mm256_setzero_si256(); }
@@ -185,7 +183,6 @@ INL v16i vi_load(const uint8_t *p, int h) { return vreinterpretq_s32_u8(vld1q_u8
 INL v16i vi_bytes(int8_t b) { return vreinterpretq_s32_s8(vdupq_n_s8(b)); }
 INL v16i vi_and(v16i a, v16i b) { return vandq_s32(a, b); }
 INL v16i vi_or(v16i a, v16i b) { return vorrq_s32(a, b); }
-INL v16i vi_xor(v16i a, v16i b) { return veorq_s32(a, b); }
 INL v16i vi_srl16(v16i a, int n) { /* a shift by a register: n need not be a constant */
     return vreinterpretq_s32_u16(vshlq_u16(vreinterpretq_u16_s32(a), vdupq_n_s16((int16_t)-n)));
 }
