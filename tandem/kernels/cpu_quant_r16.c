@@ -120,7 +120,7 @@ INL void q6_sub(v16i *S, const uint8_t *g, const uint8_t *xr, const int mrt, con
                 const int n, const int r) {
     const int j = 4 * n + r;
     const uint8_t *ql = g + 288, *qh = g + 288 + 2048;
-    const v16i low4 = vi_bytes(0x0F), two = vi_bytes(3);
+    const v16i low4 = vi_bytes(0x0F), high2 = vi_bytes(0x30);
     /* words 0-3: elements 0-15 (group 2j, its scale sc0), 4-7: 16-31 (2j + 1) */
     const v16i sc0 = vi_scales(g + 32 + 32 * j, 1, h), sc1 = vi_scales(g + 48 + 32 * j, 1, h);
     for (int w0 = 0; w0 < 8; w0 += KW) {
@@ -128,8 +128,11 @@ INL void q6_sub(v16i *S, const uint8_t *g, const uint8_t *xr, const int mrt, con
         for (int u = 0; u < KW; u++) {
             const int w = w0 + u;
             v16i l = vi_load(ql + 64 * (16 * n + 8 * (r & 1) + w), h);
-            v16i hb = vi_and(vi_srl16(vi_load(qh + 64 * (8 * n + w), h), 2 * r), two);
-            W[u] = vi_or(vi_and(r >= 2 ? vi_srl16(l, 4) : l, low4), vi_sll16(hb, 4));
+            /* quarter r's 2 high bits (bits 2r, 2r + 1 of each qh byte) to bits 4-5: one
+             * shift within 16-bit lanes (none for r = 2), then the mask drops what crossed */
+            const v16i qb = vi_load(qh + 64 * (8 * n + w), h);
+            const v16i hb = r < 2 ? vi_sll16(qb, 4 - 2 * r) : r == 2 ? qb : vi_srl16(qb, 2);
+            W[u] = vi_or(vi_and(r >= 2 ? vi_srl16(l, 4) : l, low4), vi_and(hb, high2));
         }
         for (int i = 0; i < mrt; i++) {
             const int8_t *x = xk_q(xr, i) + 32 * j;
