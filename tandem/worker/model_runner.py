@@ -124,9 +124,10 @@ class ModelRunner:
         counts = [len(s.spec_token_ids) for s, _ in items]
         rows = [first + j for (s, first), k in zip(items, counts) for j in range(k + 1)]
         row_index = torch.tensor(rows, dtype=torch.long, device=self.device)
-        # Every row, in order, and no min_tokens mask to write: the logits as they are (a copy
-        # of [B, V] is 1 MB a row for Gemma's vocabulary, 3% of its one-stream step).
-        whole = rows == list(range(logits.shape[0])) and not any(_below_min_tokens(r) for r in reqs)
+        # Every row, in order, contiguous, and no min_tokens mask to write: the logits as they
+        # are (a copy of [B, V] is 1 MB a row for Gemma's vocabulary, 3% of its one-stream step).
+        whole = (rows == list(range(logits.shape[0])) and logits.is_contiguous()
+                 and not any(_below_min_tokens(r) for r in reqs))
         target = _mask_min_tokens(logits if whole else logits.index_select(0, row_index), reqs,
                                   counts)  # [sum(k+1), V]
         if any(counts):
