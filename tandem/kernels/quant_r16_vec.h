@@ -114,7 +114,7 @@ INL v16i vi_widen8(const uint8_t *p, int is_signed, int h) {
 /* Q8_0 (signed q) by the sign trick: vpmaddubsw of |q| (vi_q8w, once for all of a pass's x
  * rows) with x carrying q's signs (vpsignb, q read again as its memory operand: the 8 words'
  * |q| and q together would not fit 16 registers), then vpmaddwd; exact, a pair within int16
- * for |q|, |x| <= 128. */
+ * for |q| <= 128 and |x| <= 127 (prepare_x's rounding). */
 INL v16i vi_q8w(const uint8_t *p, int h) { return _mm256_abs_epi8(vi_load(p, h)); }
 INL v16i vi_q8dot4(v16i acc, v16i a, const uint8_t *p, int h, const int8_t *x) {
     int32_t v;
