@@ -16,7 +16,7 @@ from tandem.bench.common import (add_engine_args, load_prompts, make_llm, memory
 
 
 def run_batch(engine: Any, prompts: list, params: Any, tag: str) -> dict[str, Any]:
-    """Every prompt (text or token ids) queued at once, then steps to the end: the seconds end
+    """Every prompt (token ids) queued at once, then steps to the end: the seconds end
     to end, the output tokens, and the generation phase (from the moment every request has its
     first token, which the prefill produces, to the end)."""
     t0 = time.perf_counter()
@@ -52,8 +52,9 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
     from tandem import SamplingParams
     llm = make_llm(args)
     texts = load_prompts(args.prompts, args.num_prompts)
-    prompts: list = (fixed_length(llm.llm_engine.tokenizer, texts, args.input_len)
-                     if args.input_len else texts)
+    tok = llm.llm_engine.tokenizer  # token ids once: the engine would encode the texts the same
+    prompts = (fixed_length(tok, texts, args.input_len) if args.input_len
+               else [tok.encode(t) for t in texts])
     params = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens,
                             ignore_eos=True, seed=args.seed)
     run_batch(llm.llm_engine, prompts[:1], SamplingParams(max_tokens=4, temperature=0), "warm")
@@ -69,8 +70,7 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
             entry["ratio"] = entry["output_tokens_per_s"] / entry["transformers_single_stream"]
         rounds.append(entry)
     seconds = statistics.median(e["seconds"] for e in rounds)
-    prompt_tokens = sum(len(p) if isinstance(p, list) else len(llm.llm_engine.tokenizer.encode(p))
-                        for p in prompts)
+    prompt_tokens = sum(len(p) for p in prompts)
     rates = [e["generation_tokens_per_s"] for e in rounds if e["generation_tokens_per_s"]]
     result = {"benchmark": "throughput", "model": args.model,
               "speculative_config": json.loads(args.speculative_config)

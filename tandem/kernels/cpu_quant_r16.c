@@ -231,6 +231,14 @@ INL void group_tile(const int type, const int mrt, const int h, const uint8_t *g
     }
 }
 
+/* One pass's sums (+ bias) stored: lanes of half h, mrt rows of y. */
+INL void store_pass(const v16f *acc, const int mrt, int nr, const int h, const float *bias,
+                    float *y, int64_t ldy) {
+    v16f bv = bias ? vf_load_n(bias, nr, h) : vf_zero();
+    for (int i = 0; i < mrt; i++)
+        vf_store_n(y + i * ldy, bias ? vf_add(acc[i], bv) : acc[i], nr, h);
+}
+
 INL void r16_pass(const int type, const int mrt, const uint8_t *grp, int nr, const int8_t *xq,
                   const float *xs, const int32_t *xi, const uint8_t *xk, int64_t cstride,
                   int64_t k, int64_t kp, int64_t gp, const float *bias, float *y, int64_t ldy) {
@@ -252,20 +260,15 @@ INL void r16_pass(const int type, const int mrt, const uint8_t *grp, int nr, con
                 group_tile(type, mrt, h, grp + c / block * bb, xq + c, xs + c / 4, xi + c / 16,
                            K ? xk + c / 256 * cstride : NULL, cstride, len, kp, gp, acc[h]);
         }
-        for (int h = 0; h < R16_HALVES && 16 / R16_HALVES * h < nr; h++) {
-            v16f bv = bias ? vf_load_n(bias, nr, h) : vf_zero();
-            for (int i = 0; i < mrt; i++)
-                vf_store_n(y + i * ldy, bias ? vf_add(acc[h][i], bv) : acc[h][i], nr, h);
-        }
+        for (int h = 0; h < R16_HALVES && 16 / R16_HALVES * h < nr; h++)
+            store_pass(acc[h], mrt, nr, h, bias, y, ldy);
         return;
     }
     for (int h = 0; h < R16_HALVES && 16 / R16_HALVES * h < nr; h++) {
         v16f acc[RM];
         for (int i = 0; i < mrt; i++) acc[i] = vf_zero();
         group_tile(type, mrt, h, grp, xq, xs, xi, xk, cstride, k, kp, gp, acc);
-        v16f bv = bias ? vf_load_n(bias, nr, h) : vf_zero();
-        for (int i = 0; i < mrt; i++)
-            vf_store_n(y + i * ldy, bias ? vf_add(acc[i], bv) : acc[i], nr, h);
+        store_pass(acc, mrt, nr, h, bias, y, ldy);
     }
 }
 

@@ -14,7 +14,6 @@
 /* One cache line at p into L1 (prefetcht0 on x86, prfm pldl1keep on Arm). */
 INL void r16_prefetch(const void *p) { __builtin_prefetch(p, 0, 3); }
 
-
 #if STEP == 64
 #define R16_HALVES 1
 typedef __m512i v16i; /* 64 bytes, or 16 int32 */
@@ -43,13 +42,6 @@ INL v16i vi_dot4(v16i acc, v16i w, const int8_t *x) {
     int32_t v;
     memcpy(&v, x, 4);
     return _mm512_dpbusd_epi32(acc, w, _mm512_set1_epi32(v));
-}
-/* Q8_0's words of a block as vi_q8dot4 takes them (here u = q + 128, as stored) and its dot of
- * 4 bytes (here of u: the caller takes 128 sum x off the block's sum). */
-INL v16i vi_q8w(const uint8_t *p, int h) { return vi_load(p, h); }
-INL v16i vi_q8dot4(v16i acc, v16i a, const uint8_t *p, int h, const int8_t *x) {
-    (void)p, (void)h;
-    return vi_dot4(acc, a, x);
 }
 /* K-quant multipliers (cpu_quant_r16.c): 16 int8 or uint8 scales at p, one a lane, in the form
  * vi_sdot takes (here int32); vi_times multiplies them by x's e (1-8). */
@@ -216,12 +208,6 @@ INL v16i vi_dot4(v16i acc, v16i w, const int8_t *x) {
     return vaddq_s32(acc, vpaddq_s32(vpaddlq_s16(lo), vpaddlq_s16(hi)));
 #endif
 }
-/* Q8_0's words as stored (signed q) and their dot product (vi_dot4: signed on both sides). */
-INL v16i vi_q8w(const uint8_t *p, int h) { return vi_load(p, h); }
-INL v16i vi_q8dot4(v16i acc, v16i a, const uint8_t *p, int h, const int8_t *x) {
-    (void)p, (void)h;
-    return vi_dot4(acc, a, x);
-}
 INL v16i vi_scales(const uint8_t *p, int is_signed, int h) { return vi_widen8(p, is_signed, h); }
 INL v16i vi_times(v16i m, int32_t e) { return vmulq_n_s32(m, e); }
 /* Lane l: a[l] in the low 16 bits, b[l] in the high 16 (each sign- or zero-extended from its
@@ -287,6 +273,13 @@ INL v16i vi_sdot(v16i acc, const v16i *W, int n, const int8_t *x, v16i m, int gr
 INL v16i vi_dot8g(const v16i *W, const int8_t *x, int group) {
     (void)group;
     return vi_dotn(W, 8, x);
+}
+/* Q8_0's words as stored (u = q + 128 for vpdpbusd, whose caller takes 128 sum x off a block's
+ * sum; signed q for sdot) and their dot with 4 bytes of x: vi_dot4 as it is. */
+INL v16i vi_q8w(const uint8_t *p, int h) { return vi_load(p, h); }
+INL v16i vi_q8dot4(v16i acc, v16i a, const uint8_t *p, int h, const int8_t *x) {
+    (void)p, (void)h;
+    return vi_dot4(acc, a, x);
 }
 #endif
 

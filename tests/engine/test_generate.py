@@ -216,6 +216,19 @@ def test_min_tokens_masks_stop_tokens(tiny_llama, prompts, speculative):
     assert out.token_ids[:2] == full[:2]
 
 
+def test_min_tokens_leaves_the_logprobs_raw(tiny_llama, prompts):
+    """The min_tokens mask is written on sampling's own rows, never on the logits the logprobs
+    come from (vLLM's logprobs are the model's): the masked stop token stays the top one."""
+    llm = LLM(tiny_llama)
+    first = llm.generate(prompts[1], GREEDY, use_tqdm=False)[0].outputs[0].token_ids[0]
+    out = llm.generate(prompts[1], SamplingParams(temperature=0, max_tokens=4, min_tokens=3,
+                                                  stop_token_ids=[first], logprobs=1),
+                       use_tqdm=False)[0].outputs[0]
+    assert out.token_ids[0] != first  # masked for sampling
+    entry = out.logprobs[0][first]
+    assert entry.rank == 1 and entry.logprob > float("-inf")
+
+
 def test_common_vllm_arguments_are_accepted(tiny_llama):
     llm = LLM(tiny_llama, enforce_eager=True, trust_remote_code=False, disable_log_stats=True)
     assert not llm.llm_engine.config.log_stats
