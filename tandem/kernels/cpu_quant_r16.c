@@ -3,12 +3,10 @@
  * halves; NEON: sdot on four quarters) multiplies 4 bytes of an x row, broadcast, with the
  * same 4 elements of 16 weight rows, so 16 outputs fill 16 lanes and a block's sums stay
  * integers (exact) until the block's scale: per (block of 32, 16 rows, x row) 8 vpdpbusd, one
- * convert and one or two FMAs, where the
- * row-major paths (cpu_quant.c, cpu_quant_direct.c) take 4 lane-wise converts and FMAs per 16
- * elements of each row. *
+ * convert and one or two FMAs, where the row-major paths (cpu_quant.c, cpu_quant_direct.c)
+ * take 4 lane-wise converts and FMAs per 16 elements of each row. *
  * Numerics, per output y = x . w, blocks in order, each output in its own lane (no reduction).
- * 32-element types take x quantized per 32 as in cpu_quant.c (q, step dx, integer sums qs16 per
- * 16):
+ * 32-element types take x quantized per 32 as in cpu_quant.c (q, step dx, sums qs16 per 16):
  *   Q4_0  acc += float(sum u q - 8 qs32) * (d * dx)   Q5_0, Q8_0  the same with 16, 128
  *   Q4_1  acc += float(sum u q) * (d * dx);  acc += m * (dx * float(qs32))   Q5_1  the same
  * K-quants take x as prepare_xk leaves it (per 256 a step D, per 32 an integer e in 1..8: x =
@@ -45,15 +43,25 @@ INL void prefetch_eighth(const uint8_t *block, int64_t bb, int j) {
         r16_prefetch(block + o);
 }
 
-/* Q8_0: sum over a block's 8 words w (vi_q8w of the words at p, half h) of q[w] . x[4w ..],
- * in two chains (latency), then one add. */
+/* Q8_0: sum over a block's 8 words w (vi_q8w of the words at p, half h) of q[w] . x[4w ..].
+ * AVX2: one chain, kept in order by the empty asm (gcc re-associated it into a tree whose sums
+ * spilled: 16 x rows 3-4% slower); elsewhere two chains (vpdpbusd's latency), then one add. */
 INL v16i q8_dot8(const v16i *W, const uint8_t *p, int h, const int8_t *x) {
-    v16i s0 = vi_zero(), s1 = vi_zero();
+    v16i s0 = vi_zero();
+#if R16_HALVES == 2
+    for (int w = 0; w < 8; w++) {
+        s0 = vi_q8dot4(s0, W[w], p + 64 * w, h, x + 4 * w);
+        __asm__("" : "+x"(s0));
+    }
+    return s0;
+#else
+    v16i s1 = vi_zero();
     for (int w = 0; w < 8; w += 2) {
         s0 = vi_q8dot4(s0, W[w], p + 64 * w, h, x + 4 * w);
         s1 = vi_q8dot4(s1, W[w + 1], p + 64 * w + 64, h, x + 4 * w + 4);
     }
     return vi_add(s0, s1);
+#endif
 }
 
 /* Words 0-3 the low nibbles of the 4 vectors at v, 4-7 their high nibbles (Q4_0/Q4_1: bytes
