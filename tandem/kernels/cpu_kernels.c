@@ -268,8 +268,8 @@ int tandem_paged_attention(const float *q, int64_t q_stride, const float *k_cach
     float *p = malloc(sizeof(float) * (size_t)(nt * MAX_HEADS * stride));
     if (!p) return -1;
     /* Below ~64k multiply-adds a second thread costs more to wake than it saves. (The bound was
-     * 1M: 16 streams' first 100 positions ran on one core; 16 x (64 + 64) tokens of SmolLM2
-     * held to AVX2, bounds alternating 4 rounds: 1M 453, 256k 468, 64k 465, 16k 475 tok/s.
+     * 1M: 16 SmolLM2 streams ran on one core below 114 positions; 16 x (64 + 64) tokens held to
+     * AVX2, bounds alternating 4 rounds: 1M 453, 256k 468, 64k 465, 16k 475 tok/s.
      * Splitting one request's heads over the threads made one stream 1-3% slower: its
      * attention is ~10 us a layer, near a fork's cost, and both cores then read its keys.) */
     int parallel = nt > 1 && num_reqs > 1 && num_reqs * lmax * h * d >= (1 << 16);
