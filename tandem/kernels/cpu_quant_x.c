@@ -5,6 +5,43 @@
 #include "quant_format.h"
 #include "quant_direct.h"
 
+#if defined(__AVX2__)
+#include <immintrin.h>
+/* max |x| over 32, 8 lanes at a time: MAXPS (a, m) is `a > m ? a : m` (a NaN never taken, as
+ * the scalar loop below), and the lanes' maxima meet in any order (max is exact). */
+static inline float amax32(const float *x) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 m = _mm256_setzero_ps();
+    for (int j = 0; j < 32; j += 8)
+        m = _mm256_max_ps(_mm256_andnot_ps(sign, _mm256_loadu_ps(x + j)), m);
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    return _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
+}
+
+/* q [32] = x [32] * id rounded to the nearest integer (ties to even: cvtps2dq in the default
+ * rounding mode, as nearbyintf), clamped to +-127 (a NaN's INT_MIN to -127, as the scalar
+ * conversion gives); *sum0, *sum1 the sums of q's halves. The scalar loop's results. */
+static inline void round32(const float *x, float id, int8_t *q, int *sum0, int *sum1) {
+    const __m256 vid = _mm256_set1_ps(id);
+    const __m256i hi = _mm256_set1_epi32(127), lo = _mm256_set1_epi32(-127);
+    __m256i v[4];
+    for (int j = 0; j < 4; j++) {
+        const __m256i t = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 8 * j), vid));
+        v[j] = _mm256_max_epi32(_mm256_min_epi32(t, hi), lo);
+    }
+    /* packs interleave 128-bit lanes: 32-bit groups 0 4 1 5 2 6 3 7 restore element order */
+    const __m256i b = _mm256_packs_epi16(_mm256_packs_epi32(v[0], v[1]),
+                                         _mm256_packs_epi32(v[2], v[3]));
+    _mm256_storeu_si256((__m256i *)q,
+                        _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+    /* both halves' sums at once (integers: any order): lanes 0 and 1 of r */
+    __m256i h = _mm256_hadd_epi32(_mm256_add_epi32(v[0], v[1]), _mm256_add_epi32(v[2], v[3]));
+    h = _mm256_hadd_epi32(h, h);
+    const __m128i r = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+    *sum0 = _mm_cvtsi128_si32(r), *sum1 = _mm_extract_epi32(r, 1);
+}
+#else
 /* max |x| over 32: a compare, inlined (fmaxf stayed a libm call per element here);
  * the same result, a NaN ignored as fmaxf ignores it. */
 static inline float amax32(const float *x) {
@@ -16,6 +53,18 @@ static inline float amax32(const float *x) {
     return m;
 }
 
+static inline void round32(const float *x, float id, int8_t *q, int *sum0, int *sum1) {
+    int s0 = 0, s1 = 0;
+    for (int j = 0; j < 32; j++) {
+        int v = (int)nearbyintf(x[j] * id);
+        v = v > 127 ? 127 : v < -127 ? -127 : v;
+        q[j] = (int8_t)v;
+        if (j < 16) s0 += v; else s1 += v;
+    }
+    *sum0 = s0, *sum1 = s1;
+}
+#endif
+
 /* x rows quantized: q [kp] int8, lane scales xs [kp / 4], block sums xb [GROUPS(kp)] (ax * sum q)
  * and xi [GROUPS(kp)] (sum q, for interleaved weights). */
 void prepare_x(const float *x, int64_t k, int64_t kp, int8_t *q, float *xs, float *xb,
@@ -23,13 +72,8 @@ void prepare_x(const float *x, int64_t k, int64_t kp, int8_t *q, float *xs, floa
     for (int64_t c = 0; c < k; c += 32) {
         const float amax = amax32(x + c);
         float d = amax / 127.0f, id = amax > 0.0f ? 127.0f / amax : 0.0f;
-        int sum0 = 0, sum1 = 0;
-        for (int j = 0; j < 32; j++) {
-            int v = (int)nearbyintf(x[c + j] * id);
-            v = v > 127 ? 127 : v < -127 ? -127 : v;
-            q[c + j] = (int8_t)v;
-            if (j < 16) sum0 += v; else sum1 += v;
-        }
+        int sum0, sum1;
+        round32(x + c, id, q + c, &sum0, &sum1);
         for (int l = 0; l < 8; l++) xs[c / 4 + l] = d;
         xb[c / 16] = d * (float)sum0, xb[c / 16 + 1] = d * (float)sum1;
         xi[c / 16] = sum0, xi[c / 16 + 1] = sum1;
@@ -69,13 +113,8 @@ void prepare_xk(const float *x, int64_t k, uint8_t *rec, int64_t cstride) {
             int e = D > 0.0f ? (int)ceilf(m32[j] / (127.0f * D)) : 1;
             e = e < 1 ? 1 : e > 8 ? 8 : e;
             const float id = D > 0.0f ? 1.0f / (D * (float)e) : 0.0f;
-            int sum0 = 0, sum1 = 0;
-            for (int t = 0; t < 32; t++) {
-                int v = (int)nearbyintf(x[c + 32 * j + t] * id);
-                v = v > 127 ? 127 : v < -127 ? -127 : v;
-                q[32 * j + t] = (int8_t)v;
-                if (t < 16) sum0 += v; else sum1 += v;
-            }
+            int sum0, sum1;
+            round32(x + c + 32 * j, id, q + 32 * j, &sum0, &sum1);
             ev[j] = e;
             es[2 * j] = e * sum0, es[2 * j + 1] = e * sum1;
         }

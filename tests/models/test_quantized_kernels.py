@@ -138,6 +138,30 @@ def test_a_row_gets_the_same_bits_at_any_batch_and_thread_count(fused, name):
     assert torch.equal(one, full) and torch.equal(two, full)
 
 
+@pytest.mark.parametrize("layout", ["rows", "interleaved"])
+def test_x_is_rounded_per_32_half_to_even_within_127(fused, layout, monkeypatch):
+    """x rows are rounded as llama.cpp rounds activations for Q8_0: per 32 a step max|x| / 127,
+    each element to the nearest step, ties to even, at most 127 steps (cpu_quant_x.c, in
+    vector registers where the CPU has AVX2, scalar elsewhere). With a step of 1 (every 32 holds
+    a +-127) and one-hot Q8_0 rows (d = 1, q = 1 at element r), y [i, r] is x [i, r] rounded."""
+    k, n = 64, 64
+    raw = np.zeros((n, k // 32, 34), dtype=np.uint8)
+    raw[:, :, :2] = np.array([1.0], dtype=np.float16).view(np.uint8)  # d = 1 in every block
+    for r in range(n):
+        raw[r, r // 32, 2 + r % 32] = 1
+    monkeypatch.setenv("TANDEM_QUANT_LAYOUT", layout)
+    w = _weight("Q8_0", torch.from_numpy(raw.reshape(n, -1).copy()), k)
+    g = torch.Generator().manual_seed(3)
+    whole = torch.randint(-126, 127, (16, k), generator=g).float()
+    frac = torch.tensor([0.0, 0.5, -0.5, 0.25, -0.75, 0.49999997])
+    x = whole + frac[torch.randint(0, len(frac), (16, k), generator=g)]
+    x[:, ::32] = 127.0 * torch.where(torch.rand(16, k // 32, generator=g) < 0.5, 1.0, -1.0)
+    expected = torch.round(x).clamp(-127, 127)  # torch.round: ties to even
+    assert (expected != torch.floor(x + 0.5)).any()  # some ties round down, as even
+    for rows in (1, 7, 16):
+        assert torch.equal(w.matmul(x[:rows], None), expected[:rows])
+
+
 @pytest.mark.parametrize("k,parts", [
     (128, [("Q5_0", 24), ("Q5_0", 8), ("Q8_0", 8), ("Q4_1", 3)]),
     # K-quants and 32-element types in one matmul: x rounded both ways in one call
