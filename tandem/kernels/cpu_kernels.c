@@ -217,24 +217,23 @@ static inline __attribute__((always_inline)) void attend_heads(
         total[i] = 0.0f;
         for (int64_t j = lo; j <= hi; j++) total[i] += pi[j];
     }
-    vf acc[MAX_HEADS][MAX_HEAD_DIM / LANES];
-    for (int i = 0; i < nh; i++)
-        for (int e = 0; e < nv; e++) acc[i][e] = (vf){0};
-    for (int64_t j = lo; j <= hi; j++) {
-        const float *vj = v_cache + (slots[j] * hkv + g) * d;
-        if (j + 8 <= hi)
-            for (int e = 0; e < nv; e++)  /* each 64-byte line */
-                __builtin_prefetch(v_cache + (slots[j + 8] * hkv + g) * d + e * LANES);
-        vf vv[MAX_HEAD_DIM / LANES];
-        for (int e = 0; e < nv; e++) vv[e] = load(vj + e * LANES);
-        for (int i = 0; i < nh; i++) {
-            vf pj = splat(p[i * stride + j]);
-            for (int e = 0; e < nv; e++) acc[i][e] += pj * vv[e];
-        }
-    }
+    /* One head at a time: its nv sums stay in registers (all heads' sums together spilled to
+     * the stack, a load and a store per multiply-add); each head after the first finds the
+     * value rows in L1. Each sum still runs over j in order: the same bits. */
     for (int i = 0; i < nh; i++) {
-        vf inv = splat(1.0f / total[i]);
-        for (int e = 0; e < nv; e++) store(o + i * d + e * LANES, acc[i][e] * inv);
+        const float *pi = p + i * stride;
+        vf acc[MAX_HEAD_DIM / LANES];
+        for (int e = 0; e < nv; e++) acc[e] = (vf){0};
+        for (int64_t j = lo; j <= hi; j++) {
+            const float *vj = v_cache + (slots[j] * hkv + g) * d;
+            if (i == 0 && j + 8 <= hi)
+                for (int e = 0; e < nv; e++)  /* each 64-byte line */
+                    __builtin_prefetch(v_cache + (slots[j + 8] * hkv + g) * d + e * LANES);
+            const vf pj = splat(pi[j]);
+            for (int e = 0; e < nv; e++) acc[e] += pj * load(vj + e * LANES);
+        }
+        const vf inv = splat(1.0f / total[i]);
+        for (int e = 0; e < nv; e++) store(o + i * d + e * LANES, acc[e] * inv);
     }
 }
 
