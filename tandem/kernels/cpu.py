@@ -256,6 +256,19 @@ def gemma_stack(x: torch.Tensor, dims: torch.Tensor, table: torch.Tensor, kinds:
     return out if rc == 0 else None
 
 
+def argmax(scores: torch.Tensor) -> Optional[torch.Tensor]:
+    """scores [B, V] float32 -> [B] int64, each row's first maximal column (its first NaN where
+    it has one: torch.argmax's choice) by cpu_gumbel.c; None where the library is off or the
+    layout is not one it reads."""
+    lib = _state["lib"]
+    if lib is None or scores.dim() != 2 or not _ok(scores) or scores.shape[1] == 0:
+        return None
+    out = torch.empty(scores.shape[0], dtype=torch.int64)
+    lib.tandem_argmax(scores.data_ptr(), scores.shape[0], scores.shape[1], out.data_ptr(),
+                      torch.get_num_threads())
+    return out
+
+
 def gumbel_argmax(scores: torch.Tensor, keys: torch.Tensor,
                   token_ids: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
     """sample/gumbel.py's gumbel_argmax by cpu_gumbel.c: scores [B, V] float32, keys [B] int64,

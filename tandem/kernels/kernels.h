@@ -58,6 +58,7 @@ int tandem_q_r16_pack(int type, const uint8_t *src, int64_t rows, int64_t row_by
 int tandem_quantize(const float *x, int64_t rows, int64_t k, int type, uint8_t *out, int threads);
 
 /* cpu_gumbel.c */
+void tandem_argmax(const float *scores, int64_t rows, int64_t vocab, int64_t *out, int threads);
 void tandem_gumbel_argmax(const float *scores, int64_t rows, int64_t vocab, const int64_t *keys,
                           const int64_t *ids, int64_t *out, int threads);
 

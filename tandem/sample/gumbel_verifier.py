@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from tandem.sample.gumbel import coupled_rows, gumbel_argmax, row_keys
-from tandem.sample.logits_processing import compute_probs
+from tandem.sample.logits_processing import compute_probs, greedy_tokens
 from tandem.sample.metadata import SamplingMetadata
 from tandem.sample.rejection_sampler import (RejectionOutput, RejectionSampler, _check_inputs,
                                              _Layout, penalised_rows)
@@ -24,7 +24,7 @@ class GumbelRejectionSampler(RejectionSampler):
     def target_tokens(self, logits: torch.Tensor, md_rows: SamplingMetadata) -> torch.Tensor:
         """[R, V] penalised logits, one metadata row each -> [R] int64: the token each row's
         position takes (the same computation as the plain Sampler with gumbel)."""
-        tokens = logits.argmax(dim=-1)                                       # [R] greedy
+        tokens = greedy_tokens(logits)                                       # [R] greedy
         if md_rows.all_greedy:
             return tokens
         rand = (md_rows.temperature != 0.0).nonzero().flatten()             # [Rr]

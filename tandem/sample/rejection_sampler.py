@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from tandem.sample.logits_processing import apply_penalties, compute_probs
+from tandem.sample.logits_processing import apply_penalties, compute_probs, greedy_tokens
 from tandem.sample.metadata import SamplingMetadata
 from tandem.sample.random import Purpose
 from tandem.sample.sampler import inverse_cdf
@@ -77,7 +77,7 @@ class RejectionSampler:
         random_reqs = [i for i, greedy in enumerate(is_greedy) if not greedy]
 
         logits, md_rows = penalised_rows(target_logits, num_draft_tokens, draft_token_ids, md)
-        target_argmax = logits.argmax(dim=-1)                           # [R]
+        target_argmax = greedy_tokens(logits)                           # [R]
         probs = None if md.all_greedy else compute_probs(logits, md_rows, apply_penalty=False)
 
         uniforms = _accept_uniforms(md, num_draft_tokens, random_reqs, layout, logits.device)

@@ -10,7 +10,7 @@ from typing import Callable
 import torch
 
 from tandem.sample.gumbel import coupled_rows, gumbel_argmax, row_keys
-from tandem.sample.logits_processing import apply_penalties, compute_probs
+from tandem.sample.logits_processing import apply_penalties, compute_probs, greedy_tokens
 from tandem.sample.logprobs import LogprobsTensors, compute_logprobs
 from tandem.sample.metadata import SamplingMetadata
 from tandem.sample.random import Purpose
@@ -90,7 +90,7 @@ class Sampler:
         logits = logits.float()
         if not md.no_penalties:
             logits = apply_penalties(logits, md)      # [B, V]
-        sampled = logits.argmax(dim=-1)               # [B] greedy answer for every row
+        sampled = greedy_tokens(logits)               # [B] greedy answer for every row
         if not md.all_greedy:
             random_rows = (md.temperature != 0.0).nonzero().flatten()  # [R]
             sub_md = md.select(random_rows.tolist())

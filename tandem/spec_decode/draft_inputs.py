@@ -22,7 +22,7 @@ import torch
 from tandem.core.kv_cache_manager import KVCacheManager
 from tandem.core.request import Request
 from tandem.sample.gumbel import coupled_rows, gumbel_argmax, row_keys
-from tandem.sample.logits_processing import compute_probs
+from tandem.sample.logits_processing import compute_probs, greedy_tokens
 from tandem.sample.metadata import SamplingMetadata
 from tandem.sample.random import Purpose
 from tandem.sample.sampler import sample_by_method
@@ -64,7 +64,7 @@ class SharedVocabDraft:
         if masks is not None:
             logits = logits.masked_fill(~masks.to(logits.device), float("-inf"))
         if not self.probabilistic or md.all_greedy:  # q would be one-hot at the argmax
-            ids = logits.argmax(dim=-1)
+            ids = greedy_tokens(logits)
             return ids, ids, None
         # q is exactly the distribution the draft token is drawn from; penalties are skipped
         # (any q keeps the output exact, the rejection sampler corrects for it).
@@ -120,7 +120,7 @@ class TLIDraft:
             outside = blocked
         logits = logits[:, :m.draft_vocab_size].masked_fill(outside, float("-inf"))
         if not self.probabilistic or md.all_greedy:  # q would be one-hot at the argmax
-            draft_ids = logits.argmax(dim=-1)                         # [B]
+            draft_ids = greedy_tokens(logits)                         # [B]
             return draft_ids, m.draft_to_target[draft_ids], None
         q_draft = compute_probs(logits, md, apply_penalty=False)      # [B, V_draft], 0 outside I
         # Coupled rows: draft token d reads the noise of its twin d2t[d], the target token it

@@ -168,6 +168,32 @@ def test_norm_rows_do_not_depend_on_the_batch(fused):
         assert torch.equal(cpu_kernels.rms_norm(x[:rows], w, 1e-5, False)[:1], alone)
 
 
+@pytest.mark.parametrize("vocab", [49152, 40, 7])  # long rows, a partial last lane block, short
+def test_argmax_picks_what_torch_picks(fused, vocab):
+    """Greedy rows' token (cpu_gumbel.c's tandem_argmax): the first of equal maxima, a row's
+    first NaN, column 0 of an all -inf row, at any row count and thread count."""
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(16, vocab, generator=g)
+    x[1, [3, vocab - 2]] = 9.0                           # a tie: the first column wins
+    x[2, [vocab - 1, 2]] = float("inf")                  # the same with infinities
+    x[3] = float("-inf")
+    x[4, [vocab - 1, vocab // 2]] = float("nan")         # the first NaN, wherever the maximum
+    x[4, 0] = 50.0
+    x[5] = 1.0                                           # all equal
+    x[6, vocab - 1] = 20.0                               # the maximum in the last column
+    x[7] = x[7].round()                                  # many ties
+    expected = x.argmax(dim=-1)
+    threads = torch.get_num_threads()
+    try:
+        for t in (1, 2):
+            torch.set_num_threads(t)
+            for rows in (1, 5, 16):
+                assert torch.equal(cpu_kernels.argmax(x[:rows].contiguous()), expected[:rows])
+    finally:
+        torch.set_num_threads(threads)
+    assert cpu_kernels.argmax(x[:, ::2]) is None         # a layout it does not read: torch's
+
+
 def _logits(model_dir: str, prompt_ids: list[int]) -> torch.Tensor:
     """Our model's logits for a prompt prefilled in two chunks and then one decode step."""
     model = build_model(AutoConfig.from_pretrained(model_dir), torch.float32,
