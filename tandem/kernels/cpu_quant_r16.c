@@ -28,9 +28,8 @@
 #ifndef CHUNK_ABOVE
 #define CHUNK_ABOVE 16384 /* bytes of a group's row beyond which passes take turns (r16_pass) */
 #endif
-#ifndef PF
-#define PF 2
-#endif
+#define PF 2   /* K-quant blocks (2,304-3,360 bytes) are prefetched PF ahead, and */
+#define PF32 4 /* 32-element ones (288-544): 2 -> 4 ran 16 SmolLM2 Q8_0 streams 1.5% faster */
 #define INL static inline __attribute__((always_inline))
 
 /* Eighth j of a K-quant block of bb bytes (2,304-3,360: 36-53 lines) into the cache, an eighth
@@ -161,8 +160,8 @@ INL void group_tile(const int type, const int mrt, const int h, const uint8_t *g
     for (int64_t b = 0; b < k / block; b++) {
         const uint8_t *g = grp + b * bb;
         const int64_t e0 = b * block;
-        for (int64_t o = 0; o < bb && h == 0 && block == 32; o += 64)  /* PF blocks ahead */
-            r16_prefetch(g + PF * bb + o);
+        for (int64_t o = 0; o < bb && h == 0 && block == 32; o += 64)  /* PF32 blocks ahead */
+            r16_prefetch(g + PF32 * bb + o);
         if (block == 32) {
             v16f d = vf_half(g, h), m = vf_zero();
             v16i W[8];
