@@ -20,7 +20,7 @@ static inline float amax32(const float *x) {
 }
 
 /* q [32] = x [32] * id rounded to the nearest integer (ties to even: cvtps2dq in the default
- * rounding mode, as nearbyintf), clamped to +-127 (a NaN's INT_MIN to -127, as the scalar
+ * rounding mode, as nearbyintf), clamped to +-127 (a NaN's INT_MIN to -127, as x86's scalar
  * conversion gives); *sum0, *sum1 the sums of q's halves. The scalar loop's results. */
 static inline void round32(const float *x, float id, int8_t *q, int *sum0, int *sum1) {
     const __m256 vid = _mm256_set1_ps(id);
@@ -53,6 +53,7 @@ static inline float amax32(const float *x) {
     return m;
 }
 
+/* round32 as above, an element at a time (the reference: the vector code gives its results). */
 static inline void round32(const float *x, float id, int8_t *q, int *sum0, int *sum1) {
     int s0 = 0, s1 = 0;
     for (int j = 0; j < 32; j++) {
