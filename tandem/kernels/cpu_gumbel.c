@@ -56,37 +56,6 @@ static void init_table(void) {
     __atomic_store_n(&done, 1, __ATOMIC_RELEASE);  /* idempotent: racing callers agree */
 }
 
-static int64_t row_argmax(const float *s, int64_t vocab, uint64_t key, const int64_t *ids) {
-    int64_t top = 0;
-    for (int64_t v = 1; v < vocab; v++)
-        if (s[v] > s[top]) top = v;
-    int64_t best_col = top;
-    double best = (double)s[top] + gumbel(hash(key, ids ? ids[top] : top));
-    for (int64_t v = 0; v < vocab; v++) {
-        double m = best - (double)s[v];  /* the noise v needs to reach the best */
-        if (!(m < M_HI) || v == top)
-            continue;                     /* -inf scores too */
-        uint32_t h = hash(key, ids ? ids[v] : v);
-        if (m > M_LO && h < H_MIN[(int)((m - M_LO) * STEPS_PER_NAT)])
-            continue;                     /* g(h) < the margin rounded down <= m */
-        double value = (double)s[v] + gumbel(h);
-        if (value > best || (value == best && v < best_col))
-            best = value, best_col = v;
-    }
-    return best_col;
-}
-
-/* scores [rows, vocab] float32 (-inf where forbidden, one finite per row at least); keys [rows]
- * int64 (64-bit noise keys); ids [vocab] int64 or NULL (column v reads the noise of token ids[v]:
- * a TLI draft's target twins); out [rows] int64. */
-void tandem_gumbel_argmax(const float *scores, int64_t rows, int64_t vocab, const int64_t *keys,
-                          const int64_t *ids, int64_t *out, int threads) {
-    init_table();
-#pragma omp parallel for num_threads(threads) if (rows > 1 && threads > 1) schedule(static)
-    for (int64_t r = 0; r < rows; r++)
-        out[r] = row_argmax(scores + r * vocab, vocab, (uint64_t)keys[r], ids);
-}
-
 /* The first column of a row's maximum, or its first NaN (torch.argmax's choice): LANES columns
  * at a time, each lane keeping its first maximum (a strict >), then the lanes' greatest value at
  * its least column; a row with a NaN is scanned again for the first one (rare). torch's own took
@@ -120,6 +89,35 @@ static int64_t first_max(const float *s, int64_t n) {
         if (s[i] > top) top = s[i], best = i;
     }
     return best;
+}
+
+static int64_t row_argmax(const float *s, int64_t vocab, uint64_t key, const int64_t *ids) {
+    const int64_t top = first_max(s, vocab);  /* the start: the largest score skips the most */
+    int64_t best_col = top;
+    double best = (double)s[top] + gumbel(hash(key, ids ? ids[top] : top));
+    for (int64_t v = 0; v < vocab; v++) {
+        double m = best - (double)s[v];  /* the noise v needs to reach the best */
+        if (!(m < M_HI) || v == top)
+            continue;                     /* -inf scores too */
+        uint32_t h = hash(key, ids ? ids[v] : v);
+        if (m > M_LO && h < H_MIN[(int)((m - M_LO) * STEPS_PER_NAT)])
+            continue;                     /* g(h) < the margin rounded down <= m */
+        double value = (double)s[v] + gumbel(h);
+        if (value > best || (value == best && v < best_col))
+            best = value, best_col = v;
+    }
+    return best_col;
+}
+
+/* scores [rows, vocab] float32 (-inf where forbidden, one finite per row at least); keys [rows]
+ * int64 (64-bit noise keys); ids [vocab] int64 or NULL (column v reads the noise of token ids[v]:
+ * a TLI draft's target twins); out [rows] int64. */
+void tandem_gumbel_argmax(const float *scores, int64_t rows, int64_t vocab, const int64_t *keys,
+                          const int64_t *ids, int64_t *out, int threads) {
+    init_table();
+#pragma omp parallel for num_threads(threads) if (rows > 1 && threads > 1) schedule(static)
+    for (int64_t r = 0; r < rows; r++)
+        out[r] = row_argmax(scores + r * vocab, vocab, (uint64_t)keys[r], ids);
 }
 
 /* scores [rows, vocab] float32 -> out [rows] int64: each row's first maximal column. */

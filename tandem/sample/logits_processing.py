@@ -138,7 +138,7 @@ def compute_probs(logits: torch.Tensor, md: SamplingMetadata,
 
     def one_hot_argmax() -> torch.Tensor:  # [B, V]
         out = torch.zeros_like(logits)
-        return out.scatter_(-1, logits.argmax(dim=-1, keepdim=True), 1.0)
+        return out.scatter_(-1, greedy_tokens(logits).unsqueeze(-1), 1.0)
 
     if md.all_greedy:
         return one_hot_argmax()
