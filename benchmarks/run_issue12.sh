@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The numbers of docs/performance.md's "tandem bench" section, in one go, on a quiet machine:
+# The numbers of benchmarks/LOG.md's "`tandem bench` on SmolLM2-135M (issue 12)" sections (their
+# current figures: docs/performance.md's summary), in one go, on a quiet machine:
 # SmolLM2-135M float32 (bundled GGUF), 2 threads. Writes benchmarks/results/*.json and docs/*.png.
 #
 # `--isa avx2` runs it all as on a CPU with AVX2 and FMA but no AVX-512 or AMX (an AMD EPYC of
