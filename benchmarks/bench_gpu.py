@@ -3,8 +3,14 @@ Qwen3-0.6B-shaped draft in bfloat16 (load_format "dummy": only the configs exist
 at a synthetic acceptance (NOT lossless: benchmarking only, see sample/synthetic_sampler.py).
 
 For batch sizes 1, 8 and 32: decode tokens/s without and with speculation, time per engine step,
-and the memory-bandwidth floor of a plain decode step (weights + KV read once, at the copy
-bandwidth measured here). Writes benchmarks/results/gpu.json. Needs torch with CUDA and
+and each step as a multiple of its memory-bandwidth floor (`x_floor`): the bytes the step must
+read, read once at the copy bandwidth measured here. `copy_bandwidth` counts the bytes read and
+the bytes written, so it is the rate at which the GPU moves bytes, and a step's floor is its bytes
+over that rate (not over half of it). A plain step reads every parameter of the target except an
+untied input embedding (only the batch's rows of it are gathered; a tied one is read whole as the
+LM head: Qwen3-8B reads about 15.1 GB) and its KV cache at the batch's mean depth; a speculative
+step also runs the draft k times (its catch-up pass and k - 1 single-token passes), each reading
+the draft's weights and KV. Writes benchmarks/results/gpu.json. Needs torch with CUDA and
 transformers; no network. Run by benchmarks/gpu.sh.
 
 `--smoke` runs the same steps on the CPU with two tiny models of the same families, so that the
@@ -68,6 +74,21 @@ def copy_bandwidth(device: str, numel: int = 1 << 30) -> float:
     return 10 * 2 * a.numel() * a.element_size() / (time.perf_counter() - t0)
 
 
+def read_bytes(model) -> int:
+    """Bytes of the weights one forward pass reads: every parameter, less an untied input
+    embedding, of which a step gathers only its tokens' rows (a tied one is the LM head)."""
+    total = sum(p.numel() * p.element_size() for p in model.parameters())
+    embed = model.model.embed_tokens.weight
+    if getattr(model.lm_head, "tied_to", None) is None:
+        total -= embed.numel() * embed.element_size()
+    return total
+
+
+def kv_bytes_per_token(shape: dict) -> int:
+    """K and V of one token over every layer and KV head, in bfloat16."""
+    return 2 * shape["num_hidden_layers"] * shape["num_key_value_heads"] * shape["head_dim"] * 2
+
+
 def decode(llm, batch: int, prompt_len: int, tokens: int, device: str) -> dict:
     from tandem import SamplingParams
     engine = llm.llm_engine
@@ -121,16 +142,16 @@ def main() -> None:
     t0 = time.perf_counter()
     plain = LLM(model=target, **common)
     results["startup_s"] = time.perf_counter() - t0
-    weight_bytes = sum(p.numel() * p.element_size()
-                       for p in plain.llm_engine.executor.models["target"].parameters())
-    shape = shapes[0]
-    kv_per_token = (2 * shape["num_hidden_layers"] * shape["num_key_value_heads"]
-                    * shape["head_dim"] * 2)  # K and V, layers, KV heads, head dim, bf16
+    target_bytes = read_bytes(plain.llm_engine.executor.models["target"])
+    results["target_read_GB"] = target_bytes / 1e9
     for b in args.batches:
         decode(plain, b, 16, 4, device)  # warm-up
         run = {"batch": b, "plain": decode(plain, b, args.prompt_len, args.tokens, device)}
-        kv = b * (args.prompt_len + args.tokens // 2) * kv_per_token
-        run["floor_ms_per_step"] = 1000 * (weight_bytes + kv) / (bandwidth / 2)
+        depth = b * (args.prompt_len + args.tokens // 2)  # keys read per layer, mean over steps
+        run["step_read_GB"] = (target_bytes + depth * kv_bytes_per_token(shapes[0])) / 1e9
+        run["floor_ms_per_step"] = 1000 * run["step_read_GB"] * 1e9 / bandwidth
+        run["plain"]["floor_ms_per_step"] = run["floor_ms_per_step"]
+        run["plain"]["x_floor"] = run["plain"]["ms_per_step"] / run["floor_ms_per_step"]
         results["runs"].append(run)
     del plain
     if device == "cuda":
@@ -139,15 +160,24 @@ def main() -> None:
         "model": draft, "num_speculative_tokens": args.k, "adaptive": False,
         "rejection_sample_method": "synthetic",
         "synthetic_acceptance_rates": rates}, **common)
+    draft_bytes = read_bytes(spec.llm_engine.executor.models["draft"])
+    results["draft_read_GB"] = draft_bytes / 1e9
     for run in results["runs"]:
         decode(spec, run["batch"], 16, 4, device)
-        run["speculative"] = decode(spec, run["batch"], args.prompt_len, args.tokens, device)
-        run["speedup"] = run["speculative"]["tokens_per_s"] / run["plain"]["tokens_per_s"]
+        sp = run["speculative"] = decode(spec, run["batch"], args.prompt_len, args.tokens, device)
+        run["speedup"] = sp["tokens_per_s"] / run["plain"]["tokens_per_s"]
+        depth = run["batch"] * (args.prompt_len + args.tokens // 2)
+        draft_read = args.k * (draft_bytes + depth * kv_bytes_per_token(shapes[1]))
+        sp["floor_ms_per_step"] = 1000 * (run["step_read_GB"] * 1e9 + draft_read) / bandwidth
+        sp["x_floor"] = sp["ms_per_step"] / sp["floor_ms_per_step"]
     for run in results["runs"]:
-        print(f"batch {run['batch']:3d}: plain {run['plain']['tokens_per_s']:8.1f} tok/s "
-              f"({run['plain']['ms_per_step']:.2f} ms/step, floor "
-              f"{run['floor_ms_per_step']:.2f} ms), speculative "
-              f"{run['speculative']['tokens_per_s']:8.1f} tok/s, {run['speedup']:.2f}x")
+        plain_run, sp = run["plain"], run["speculative"]
+        print(f"batch {run['batch']:3d}: plain {plain_run['tokens_per_s']:8.1f} tok/s "
+              f"({plain_run['ms_per_step']:.2f} ms/step = {plain_run['x_floor']:.2f}x its floor "
+              f"{plain_run['floor_ms_per_step']:.2f} ms), speculative "
+              f"{sp['tokens_per_s']:8.1f} tok/s ({sp['ms_per_step']:.2f} ms/step = "
+              f"{sp['x_floor']:.2f}x its floor {sp['floor_ms_per_step']:.2f} ms), "
+              f"{run['speedup']:.2f}x")
     out = args.output
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2))
