@@ -1,12 +1,18 @@
 """Attention metadata for one forward pass over a flat batch of tokens.
 
-Requests are laid out one after another in the flat token dimension. For attention they are split
-into groups (consecutive requests); each group is padded to [G, Qmax] queries and [G, Lmax] keys
-gathered from the paged cache by slot id. Only a request's own slots are read (padding reads the
-null block), so stale values in a block's unused tail can never reach another request. Decode
-and verification steps (a few queries each) share one group; each long prefill chunk gets its
-own, so padding never multiplies a prefill's cost. Everything here is built once per forward and
-shared by all layers.
+Requests are laid out one after another in the flat token dimension. On the CPU every request of
+the step, whatever its number of queries (decode, verification, prefill chunk), goes to one call
+of the paged-attention kernel (kernels/cpu_attention.c), which reads each request's own key
+slots (`requests`, `kv_slots`): one kernel for every query length, so a token's attention never
+depends on how many queries its request verifies or on how its prompt was chunked.
+
+Where that kernel does not apply (CUDA, head sizes it refuses, no C compiler) requests are split
+into groups for SDPA (consecutive requests); each group is padded to [G, Qmax] queries and
+[G, Lmax] keys gathered from the paged cache by slot id. Only a request's own slots are read
+(padding reads the null block), so stale values in a block's unused tail can never reach another
+request. Decode and verification steps (a few queries each) share one group; each long prefill
+chunk gets its own, so padding never multiplies a prefill's cost. The groups are built on first
+use, once per forward, and shared by all layers.
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ from typing import Optional
 
 import torch
 
-# Requests with at most this many new tokens are batched together into one padded group.
+# SDPA: requests with at most this many new tokens are batched into one padded group.
 SMALL_QUERY = 16
 
 
@@ -29,8 +35,6 @@ class AttnGroup:
                               # in the always-zero null block)
     full_causal: bool         # one request whose queries are all its keys: plain causal attention
     small: bool               # decode/verify-sized queries (<= SMALL_QUERY each)
-    requests: Optional[torch.Tensor]  # [G, 3] int64: flat index of the first query, queries,
-                              # keys (the fused CPU kernel's view of the group; CPU only, else None)
     # Set only when the group's requests have different query lengths (padded rows exist):
     q_index: Optional[torch.Tensor] = None    # [G, Qmax] flat token index of each query (pad -> 0)
     valid_rows: Optional[torch.Tensor] = None  # [Nq] rows of the flattened [G * Qmax] that are real
@@ -67,22 +71,63 @@ class AttnGroup:
 @dataclass
 class AttentionMetadata:
     slot_mapping: torch.Tensor  # [T] int64 cache slot where each new token's K/V is written
-    groups: list[AttnGroup]
     num_tokens: int
+    # The kernel's view of every request (CPU only, else None): [N, 3] int64 flat index of the
+    # first query, queries, keys; and [N, Lmax] int64 each request's key slots (padding -> 0).
+    requests: Optional[torch.Tensor]
+    kv_slots: Optional[torch.Tensor]
+    query_lens: list[int]
+    seq_lens: list[int]
+    block_tables: list[list[int]]
+    block_size: int
+    device: torch.device
+    _groups: Optional[list[AttnGroup]] = None
+
+    @property
+    def groups(self) -> list[AttnGroup]:
+        """The SDPA groups (see the module's docstring), built on first use."""
+        if self._groups is None:
+            self._groups = _groups(self.query_lens, self.seq_lens, self.block_tables,
+                                   self.block_size, self.device)
+        return self._groups
 
 
 def build_attention_metadata(query_lens: list[int], seq_lens: list[int],
                              block_tables: list[list[int]], block_size: int,
                              device: torch.device) -> AttentionMetadata:
     """query_lens[i] new tokens of request i end at position seq_lens[i] - 1."""
-    slot_mapping: list[int] = []
+    n = len(query_lens)
+    lmax = max(seq_lens, default=0)
+    # [N, Lmax] slot of each request's key j: its table's block j // block_size, padded with
+    # the null block (0) past each table's end, and slot 0 past each request's keys.
+    width = max((len(t) for t in block_tables), default=0)
+    tables = torch.tensor([t + [0] * (width - len(t)) for t in block_tables],
+                          dtype=torch.long).view(n, width)
+    pos = torch.arange(lmax)
+    kv_slots = tables[:, pos // block_size] * block_size + pos % block_size  # [N, Lmax]
+    seq = torch.tensor(seq_lens, dtype=torch.long)
+    qlen = torch.tensor(query_lens, dtype=torch.long)
+    kv_slots.masked_fill_(pos >= seq.unsqueeze(1), 0)
+    # [T] the new tokens' slots: request i's keys seq - qlen .. seq - 1, in request order.
+    req_of = torch.repeat_interleave(torch.arange(n), qlen)
+    starts = torch.cumsum(qlen, 0) - qlen
+    tok_pos = seq[req_of] - qlen[req_of] + torch.arange(int(qlen.sum())) - starts[req_of]
+    slot_mapping = kv_slots[req_of, tok_pos]
+    cpu = device.type == "cpu"
+    return AttentionMetadata(
+        slot_mapping=slot_mapping.to(device), num_tokens=int(qlen.sum()),
+        requests=torch.stack((starts, qlen, seq), 1) if cpu else None,
+        kv_slots=kv_slots if cpu else None, query_lens=query_lens, seq_lens=seq_lens,
+        block_tables=block_tables, block_size=block_size, device=device)
+
+
+def _groups(query_lens: list[int], seq_lens: list[int], block_tables: list[list[int]],
+            block_size: int, device: torch.device) -> list[AttnGroup]:
     starts: list[int] = []
     offset = 0
-    for qlen, slen, table in zip(query_lens, seq_lens, block_tables):
+    for qlen in query_lens:
         starts.append(offset)
         offset += qlen
-        for pos in range(slen - qlen, slen):
-            slot_mapping.append(table[pos // block_size] * block_size + pos % block_size)
     groups: list[AttnGroup] = []
     i = 0
     n = len(query_lens)
@@ -94,8 +139,7 @@ def build_attention_metadata(query_lens: list[int], seq_lens: list[int],
         groups.append(_group(range(i, j), starts, query_lens, seq_lens, block_tables,
                               block_size, device))
         i = j
-    return AttentionMetadata(torch.tensor(slot_mapping, dtype=torch.long, device=device),
-                             groups, offset)
+    return groups
 
 
 def _group(members: range, starts: list[int], query_lens: list[int], seq_lens: list[int],
@@ -114,9 +158,7 @@ def _group(members: range, starts: list[int], query_lens: list[int], seq_lens: l
         q_pos=torch.tensor(q_pos, dtype=torch.long, device=device),
         kv_slots=torch.tensor(kv_slots, dtype=torch.long, device=device),
         full_causal=len(members) == 1 and query_lens[r0] == seq_lens[r0],
-        small=qmax <= SMALL_QUERY,
-        requests=torch.tensor([[starts[r], query_lens[r], seq_lens[r]] for r in members],
-                              dtype=torch.long) if device.type == "cpu" else None)
+        small=qmax <= SMALL_QUERY)
     if any(query_lens[r] != qmax for r in members):
         q_index = [list(range(starts[r], starts[r] + query_lens[r])) + [0] * (qmax - query_lens[r])
                    for r in members]

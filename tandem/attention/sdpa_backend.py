@@ -1,16 +1,18 @@
-"""Reference paged attention on torch's scaled_dot_product_attention (CPU and CUDA).
+"""Paged attention: on the CPU in float32, the kernel of kernels/cpu.py for every request of the
+step; elsewhere the reference on torch's scaled_dot_product_attention (CPU and CUDA).
 
-Writes the new keys/values into the paged cache by slot, then, per group, gathers each request's
-keys/values by slot id into a padded batch and runs SDPA once for the whole group.
+The CPU kernel reads each request's keys and values straight from the cache (no gathers, no
+mask), one query row at a time in a fixed order, whatever the number of queries: decode,
+verification and prefill get the same bits for the same token (kernels/cpu_attention.c).
 
-On the CPU in float32, decode and verification groups instead run the fused kernel of
-kernels/cpu.py, which reads each request's keys and values straight from the cache (no gathers,
-no mask). Elsewhere, decode and verification groups (a few queries per request) use a
-grouped-heads layout: the query heads that share one KV head become rows of one attention
-problem, [G, Hkv, rep * Qmax, D]
+The reference writes nothing itself (layers write the cache first), then, per group, gathers each
+request's keys/values by slot id into a padded batch and runs SDPA once for the whole group.
+Decode and verification groups (a few queries per request) use a grouped-heads layout: the
+query heads that share one KV head become rows of one attention problem, [G, Hkv, rep * Qmax, D]
 against keys [G, Hkv, Lmax, D], with an additive mask built once per forward. Measured on CPU this
 is about 2x faster than SDPA's own `enable_gqa` with a boolean mask (which converts the mask on
-every call), and for one query per request the layout is a free view of q.
+every call), and for one query per request the layout is a free view of q. Its bits depend on
+the group's padding, so batch invariance holds only on the kernel's path.
 """
 
 from __future__ import annotations
@@ -36,15 +38,16 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
                     sliding_window: Optional[int], softcap: Optional[float] = None) -> torch.Tensor:
     """q: [T, H, D] -> out [T, H, D]. Keys/values must already be written to the cache.
     softcap: scores capped as softcap * tanh(scores / softcap) before the mask (Gemma 2)."""
+    if meta.requests is not None and cpu_kernels.attention_takes(q.shape[2]):
+        out = q.new_empty(q.shape)
+        if cpu_kernels.paged_attention(q, k_cache, v_cache, out, meta.requests, meta.kv_slots,
+                                       scale, sliding_window, softcap):
+            return out  # every request in one call, straight from the cache (kernels/cpu.py)
     groups = meta.groups
-    fused = q.is_cpu and cpu_kernels.attention_takes(q.shape[2]) and softcap is None
-    if len(groups) == 1 and groups[0].uniform and not (fused and groups[0].small):
+    if len(groups) == 1 and groups[0].uniform:
         return _attend(q, k_cache, v_cache, groups[0], scale, sliding_window, softcap)
     out = q.new_empty(q.shape)
     for g in groups:
-        if fused and g.small and g.requests is not None and cpu_kernels.paged_attention(
-                q, k_cache, v_cache, out, g.requests, g.kv_slots, scale, sliding_window):
-            continue  # decode/verify groups straight from the cache (kernels/cpu.py)
         og = _attend(q, k_cache, v_cache, g, scale, sliding_window, softcap)  # [G * Qmax, H, D]
         if g.uniform:
             out.narrow(0, g.start, g.num_queries).copy_(og)

@@ -24,9 +24,19 @@ class TPGroup:
     group: Optional[Any] = None  # a torch.distributed ProcessGroup (None: the default one)
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
-        """Sum over ranks, in place."""
-        if self.size > 1:
+        """Sum over ranks, in place, each element in rank order. Two ranks' sum is a + b in any
+        algorithm; with more, a ring all-reduce starts each chunk's sum at another rank, and the
+        chunks follow the tensor's size, so a row's bits would follow its batch: there the
+        parts are gathered and added in rank order instead."""
+        if self.size == 2:
             dist.all_reduce(x, group=self.group)
+        elif self.size > 2:
+            x = x.contiguous()
+            parts = [torch.empty_like(x) for _ in range(self.size)]
+            dist.all_gather(parts, x, group=self.group)
+            x.copy_(parts[0])
+            for part in parts[1:]:
+                x += part
         return x
 
     def all_gather(self, x: torch.Tensor, dim: int = -1) -> torch.Tensor:

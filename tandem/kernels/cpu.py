@@ -1,19 +1,18 @@
-"""Fused float32 CPU kernels for the decode step: when they apply, and handing tensors to C.
+"""The CPU kernels from Python: when they apply, and handing tensors to C.
 
-A decode step on the CPU spends much of its non-matmul time in torch's per-op overhead: RMSNorm
-is five ops inside `F.rms_norm`, rotary and the KV write another six, paged attention two
-gathers, a mask and an SDPA call per layer. The kernels in cpu_kernels.c do each of these in one
-call (attention straight from the paged cache, without gathers), with reductions in a fixed
-order so a row's result never depends on its batch (speculation stays lossless). cpu_gemm.c
-multiplies the linear layers' decode and verify batches (a few to a few dozen rows), where
-BLAS's small-matrix kernels leave much of the memory bandwidth unused.
+A step on the CPU spends much of its non-matmul time in torch's per-op overhead: RMSNorm is five
+ops inside `F.rms_norm`, rotary and the KV write another six, paged attention two gathers, a mask
+and an SDPA call per layer. The kernels in cpu_kernels.c do each of these in one call, and
+cpu_attention.c attends every request of a step straight from the paged cache; cpu_gemm.c
+multiplies every float32 linear layer. Each computes a row alone with its reductions in a fixed
+order, so a row's result never depends on its batch (speculation stays lossless at every batch
+size and k).
 
 Each wrapper returns None (or False) when it does not apply (kernels off, not float32 on the
 CPU, a layout it does not take), and the caller then runs its torch code, which computes the
 same math. Which one runs is decided at model load (`configure`, from TANDEM_CPU_KERNELS; see
 cpu_build.py) for the whole process.
 """
-
 from __future__ import annotations
 
 import ctypes
@@ -22,7 +21,8 @@ from typing import Optional
 
 import torch
 
-from tandem.kernels.cpu_build import build_library, cpu_kernels_mode, cpu_march, load_library
+from tandem.kernels.cpu_build import (build_library, cpu_kernels_mode, cpu_march, load_library,
+                                      process_uses_libgomp)
 
 logger = logging.getLogger("tandem")
 
@@ -45,6 +45,11 @@ def configure(device: torch.device) -> None:
         path = build_library()
         _state["lib"] = load_library(path)
         logger.info("CPU kernels: fused C kernels from %s (TANDEM_CPU_KERNELS=%s)", path, mode)
+        if not process_uses_libgomp() and torch.get_num_threads() > 1:
+            logger.warning("CPU kernels: this process's OpenMP runtime is not GNU libgomp, so the "
+                           "kernels run on one thread (a second thread pool would spin against "
+                           "torch's); TANDEM_CPU_MATMUL=blas runs the linear layers on torch's "
+                           "threads instead, giving up batch invariance.")
     except (RuntimeError, OSError) as e:
         if march != "native":  # a target the user named and the compiler refused: say so
             raise ValueError(f"TANDEM_CPU_MARCH={march!r}: the CPU kernels could not be built "
@@ -157,19 +162,22 @@ def rope_write_kv(qkv: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
 
 
 def attention_takes(head_dim: int) -> bool:
-    """Head sizes the attention kernel takes (cpu_kernels.c: multiples of 16 up to 512), so a
+    """Head sizes the attention kernel takes (cpu_attention.c: multiples of 16 up to 512), so a
     layer with another size goes straight to SDPA instead of asking the kernel every step."""
     return _state["lib"] is not None and head_dim % 16 == 0 and head_dim <= 512
 
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                     out: torch.Tensor, requests: torch.Tensor, kv_slots: torch.Tensor,
-                    scale: float, sliding_window: Optional[int]) -> bool:
-    """Attention of a decode/verify group straight from the paged cache, into out [T, H, D].
+                    scale: float, sliding_window: Optional[int],
+                    softcap: Optional[float] = None) -> bool:
+    """Attention of every request of a step (any number of queries each) straight from the
+    paged cache, into out [T, H, D]; each query row's bits are its own (cpu_attention.c).
 
     q: [T, H, D] whose heads are contiguous within a token (any token stride: a view of the
     qkv projection works); requests: [G, 3] int64 (first query row, query count, keys);
-    kv_slots: [G, Lmax] int64. False (nothing done) when the kernel does not apply."""
+    kv_slots: [G, Lmax] int64; softcap: scores capped as softcap * tanh(s / softcap) (Gemma 2).
+    False (nothing done) when the kernel does not apply."""
     lib = _state["lib"]
     t, h, d = q.shape
     hkv = k_cache.shape[1]
@@ -181,15 +189,16 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     rc = lib.tandem_paged_attention(
         q.data_ptr(), stride[0], k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(),
         requests.data_ptr(), kv_slots.data_ptr(), requests.shape[0], kv_slots.shape[1], h, hkv,
-        d, scale, sliding_window or 0, torch.get_num_threads())
+        d, scale, sliding_window or 0, softcap or 0.0, torch.get_num_threads())
     return rc == 0
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor,
            bias: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
     """x [T, in] @ weight [out, in].T (+ bias) -> [T, out] by cpu_gemm.c, on torch's thread
-    count; None when the kernel does not apply (in not a multiple of 16, a layout it does not
-    take). layers/matmul_choice.py decides where it runs (it pays up to a few dozen rows)."""
+    count, each row's bits its own; None when the kernel does not apply (a layout or dtype it
+    does not take). layers/matmul_choice.py decides where it runs (every float32 linear layer,
+    by default)."""
     lib = _state["lib"]
     if (lib is None or x.dim() != 2 or not _ok(x) or not _ok(weight)
             or (bias is not None and not _ok(bias))):
@@ -266,6 +275,19 @@ def argmax(scores: torch.Tensor) -> Optional[torch.Tensor]:
     out = torch.empty(scores.shape[0], dtype=torch.int64)
     lib.tandem_argmax(scores.data_ptr(), scores.shape[0], scores.shape[1], out.data_ptr(),
                       torch.get_num_threads())
+    return out
+
+
+def row_sum(x: torch.Tensor) -> Optional[torch.Tensor]:
+    """x [B, V] float32 -> [B, 1], each row summed in one fixed order (cpu_kernels.c), so its
+    bits never depend on the batch (torch's sum splits a lone row over the threads); None where
+    the library is off or the layout is not one it reads."""
+    lib = _state["lib"]
+    if lib is None or x.dim() != 2 or not _ok(x):
+        return None
+    out = torch.empty(x.shape[0], 1)
+    lib.tandem_row_sum(x.data_ptr(), x.shape[0], x.shape[1], out.data_ptr(),
+                       torch.get_num_threads())
     return out
 
 

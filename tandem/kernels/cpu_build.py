@@ -1,6 +1,6 @@
-"""Compiling and loading the CPU kernels (cpu_kernels.c, cpu_gemm.c, cpu_decoder.c,
-cpu_decoder_gemma.c, cpu_quant.c, cpu_quant_direct.c, cpu_quant_half.c, cpu_quantize.c,
-cpu_gumbel.c) here.
+"""Compiling and loading the CPU kernels (cpu_kernels.c, cpu_attention.c, cpu_gemm.c,
+cpu_decoder.c, cpu_decoder_gemma.c, cpu_quant.c, cpu_quant_direct.c, cpu_quant_half.c,
+cpu_quantize.c, cpu_gumbel.c) here.
 
 `TANDEM_CPU_KERNELS` chooses: `auto` (the default) compiles them with the system C compiler for
 this CPU (`-march=native`) the first time and falls back to torch ops, with one log line saying
@@ -16,13 +16,12 @@ machine of another kind (the CPU changes between hosts) compiles its own copy in
 one built for instructions it may lack. It is written to a temporary name and renamed, so
 processes starting together (tensor-parallel ranks) never load a half-written file.
 
-cpu_kernels.c is built without floating-point contraction, cpu_gemm.c with it (fused
-multiply-adds; every tile runs the same code, so rows still never depend on their batch). OpenMP
-(the matmul's and attention's threads) is linked only when the process's OpenMP runtime is GNU
-libgomp, as in torch's builds: the library then binds to that same libgomp (by its soname) and
-runs in torch's thread pool. Under another runtime a second pool would spin against torch's, so
-the kernels are built single-threaded there and the start-up timing (layers/matmul_choice.py)
-decides whether the matmul runs.
+cpu_kernels.c is built without floating-point contraction, cpu_gemm.c and cpu_attention.c with it
+(fused multiply-adds; every tile or pass runs the same code, so rows still never depend on their
+batch). OpenMP (the matmul's and attention's threads) is linked only when the process's OpenMP
+runtime is GNU libgomp, as in torch's builds: the library then binds to that same libgomp (by its
+soname) and runs in torch's thread pool. Under another runtime a second pool would spin against
+torch's, so the kernels are built single-threaded there (and say so in the log at load).
 """
 
 from __future__ import annotations
@@ -43,9 +42,11 @@ logger = logging.getLogger("tandem")
 
 MODES = ("auto", "c", "torch")
 HERE = Path(__file__).parent
-HEADERS = [HERE / "vec.h", HERE / "kernels.h", HERE / "f16.h", HERE / "quant_format.h",
-           HERE / "quant_direct.h", HERE / "decoder_scratch.h", HERE / "quant_r16_vec.h"]
+HEADERS = [HERE / "vec.h", HERE / "vmath.h", HERE / "kernels.h", HERE / "f16.h",
+           HERE / "quant_format.h", HERE / "quant_direct.h", HERE / "decoder_scratch.h",
+           HERE / "quant_r16_vec.h"]
 SOURCES = {HERE / "cpu_kernels.c": ["-ffp-contract=off"],
+           HERE / "cpu_attention.c": ["-ffp-contract=fast"],
            HERE / "cpu_gemm.c": ["-ffp-contract=fast"],
            HERE / "cpu_decoder.c": ["-ffp-contract=off"],
            HERE / "cpu_decoder_gemma.c": ["-ffp-contract=off"],
@@ -65,8 +66,9 @@ SIGNATURES = {  # name -> (argtypes, restype)
     "tandem_silu_and_mul": ([_P, _P, _I, _I], None),
     "tandem_gelu_tanh_and_mul": ([_P, _P, _I, _I], None),
     "tandem_rope_write_kv": ([_P, _I, _I, _I, _I, _P, _P, _P, _P, _P, _P, _P, _F, _INT], _INT),
-    "tandem_paged_attention": ([_P, _I, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _F, _I, _INT],
-                               _INT),
+    "tandem_paged_attention": ([_P, _I, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _F, _I, _F,
+                                _INT], _INT),
+    "tandem_row_sum": ([_P, _I, _I, _P, _INT], None),
     "tandem_linear": ([_P, _P, _P, _P, _I, _I, _I, _INT], _INT),
     "tandem_evict": ([_P, _I], _INT),
     "tandem_q_block": ([_INT], _I),

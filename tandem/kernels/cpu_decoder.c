@@ -1,4 +1,4 @@
-/* The whole Llama-family decoder stack of a decode or verify step in one call (see
+/* The whole Llama-family decoder stack of a step (decode, verification, prefill) in one call (see
  * tandem/models/llama_fused.py): the same kernels, in the same order, on the same buffers' shapes
  * as the layer-by-layer Python path, so the result is bit-identical to it, without its ~100
  * Python-level calls per layer (about 3 ms of a 30 ms single-stream step on the AMX Xeon).
@@ -17,7 +17,7 @@ enum { IN_NORM, POST_NORM, QKV_W, QKV_B, O_W, GATE_UP_W, DOWN_W, Q_NORM, K_NORM,
 /* x [t, hidden]: the embeddings (read only); out [t, hidden]: the final norm's output.
  * dims: hidden, intermediate, heads, kv heads, head size, and 1 where the four weights of every
  * layer are quantized-weight descriptors (cpu_quant.c) instead of float32. cos, sin: [t, d];
- * slots [t]; requests [g, 3] and kv_slots [g, lmax]: the step's one decode/verify attention group.
+ * slots [t]; requests [g, 3] and kv_slots [g, lmax]: every request of the step (cpu_attention.c).
  * Returns 0, or -1 (out unspecified) when a kernel refuses its sizes or memory runs out. */
 int tandem_llama_stack(const float *x, float *out, int64_t t, const int64_t *dims,
                        int64_t layers, const int64_t *table, const float *final_norm,
@@ -44,7 +44,8 @@ int tandem_llama_stack(const float *x, float *out, int64_t t, const int64_t *dim
                                    P(l, V_CACHE), P(l, Q_NORM), P(l, K_NORM), qk_eps,
                                    qk_unit_offset);
         rc |= tandem_paged_attention(qkv, qkv_n, P(l, K_CACHE), P(l, V_CACHE), attn, requests,
-                                     kv_slots, groups, lmax, h, hkv, d, scale, 0, threads);
+                                     kv_slots, groups, lmax, h, hkv, d, scale, 0, 0.0f,
+                                     threads);
         rc |= stack_matmul(q, attn, P(l, O_W), NULL, normed, t, hidden, h * d, threads);
         /* normed holds the attention block's output; the stream absorbs it, normed gets the
          * norm (the kernel reads each row before writing it). */

@@ -1,4 +1,4 @@
-/* The whole Gemma 3 decoder stack of a decode or verify step in one call (see
+/* The whole Gemma 3 decoder stack of a step (decode, verification, prefill) in one call (see
  * tandem/models/gemma3_fused.py): the kernels of the layer-by-layer Python path, in its order,
  * on its buffers' shapes, so the result is bit-identical to it. A layer is
  *   x = x + post_attention_norm(attention(input_norm(x)))
@@ -22,8 +22,8 @@ enum { IN_NORM, POST_ATTN_NORM, PRE_FF_NORM, POST_FF_NORM, QKV_W, QKV_B, O_W, GA
  * layer are quantized-weight descriptors (cpu_quant.c) instead of float32.
  * kinds [layers, 2]: each layer's sliding window (0: every key) and rope (1: the local tables
  * cos_local/sin_local, 0: the global ones; each [t, d]). q/k norms: in the table, or NULL for
- * none. slots [t]; requests [g, 3] and kv_slots [g, lmax]: the step's one decode/verify
- * attention group. Returns 0, or -1 (out unspecified) when a kernel refuses its sizes or memory
+ * none. slots [t]; requests [g, 3] and kv_slots [g, lmax]: every request of the step
+ * (cpu_attention.c). Returns 0, or -1 (out unspecified) when a kernel refuses its sizes or memory
  * runs out. */
 int tandem_gemma_stack(const float *x, float *out, int64_t t, const int64_t *dims,
                        int64_t layers, const int64_t *table, const int64_t *kinds,
@@ -53,7 +53,8 @@ int tandem_gemma_stack(const float *x, float *out, int64_t t, const int64_t *dim
                                    local ? sin_local : sin_global, slots, P(l, K_CACHE),
                                    P(l, V_CACHE), P(l, Q_NORM), P(l, K_NORM), qk_eps, 1);
         rc |= tandem_paged_attention(qkv, qkv_n, P(l, K_CACHE), P(l, V_CACHE), attn, requests,
-                                     kv_slots, groups, lmax, h, hkv, d, scale, window, threads);
+                                     kv_slots, groups, lmax, h, hkv, d, scale, window, 0.0f,
+                                     threads);
         rc |= stack_matmul(q, attn, P(l, O_W), NULL, block, t, hidden, h * d, threads);
         /* normed in place (the kernel reads a row whole before writing it), then added to the
          * stream by the next norm's kernel */

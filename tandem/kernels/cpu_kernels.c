@@ -1,13 +1,12 @@
-/* Fused float32 CPU kernels for the decode step (see tandem/kernels/cpu.py).
- *
- * torch runs the small per-layer work of a decode step as many tiny ops (RMSNorm alone is five
- * inside `F.rms_norm` on CPU), each costing microseconds of dispatch for nanoseconds of math, and
- * paged attention as two gathers, a mask and an SDPA call. These kernels do the same math in one
- * call each, reading the paged KV cache in place.
+/* Fused float32 CPU kernels for the per-layer work around the matmuls (see
+ * tandem/kernels/cpu.py): residual add + RMSNorm, SiLU-and-mul, GELU-tanh-and-mul, and q/k norm
+ * + rotary + KV-cache write. torch runs each as several tiny ops (RMSNorm alone is five inside
+ * `F.rms_norm` on CPU), each costing microseconds of dispatch for nanoseconds of math; here each
+ * is one call; and a row sum for the sampler. Paged attention lives in cpu_attention.c.
  *
  * Every reduction runs in a fixed order over explicit lanes (vec.h: 16 with AVX-512, 8
- * elsewhere), so a row's result does not depend on the batch it is in or on how many queries
- * share its request: speculative verification and plain decoding compute identical bits. The
+ * elsewhere), and every kernel computes a row alone, so a row's result does not depend on the
+ * batch it is in: speculative verification and plain decoding compute identical bits. The
  * build turns off floating-point contraction (-ffp-contract=off) for the same reason.
  */
 #include <stdint.h>
@@ -15,12 +14,9 @@
 #include <string.h>
 #include <math.h>
 
-#ifdef _OPENMP
-#include <omp.h>
-#endif
-
 #include "kernels.h"
 #include "vec.h"
+#include "vmath.h"
 
 #define MAX_HEAD_DIM 512
 
@@ -33,35 +29,6 @@ static inline __attribute__((always_inline)) float dot(const float *a, const flo
     store(lanes, acc);
     for (int l = 0; i + l < n; l++) lanes[l] += a[i + l] * b[i + l];
     return hsum(load(lanes));
-}
-
-/* exp(x), a vector at a time: x = n ln2 + r, |r| <= ln2 / 2, exp(r) by a degree-6 polynomial, 2^n by
- * the exponent bits. Relative error about 2e-7; x is clamped to [-87.3, 88.7] (so the result is
- * at least ~1e-38, never 0, and never inf). */
-static inline __attribute__((always_inline)) vf vexp(vf x) {
-    x = vselect(x < splat(-87.3f), splat(-87.3f), x);
-    x = vselect(x > splat(88.7f), splat(88.7f), x);
-    vf y = x * 1.44269504088896341f + 0.5f;
-    vf n = __builtin_convertvector(__builtin_convertvector(y, vi), vf);  /* trunc(y) */
-    n += __builtin_convertvector(n > y, vf);                             /* floor(y): -1 if above */
-    vf r = x - n * 0.693359375f;
-    r = r + n * 2.12194440e-4f;
-    vf p = splat(1.0f / 720.0f);
-    p = p * r + 1.0f / 120.0f;
-    p = p * r + 1.0f / 24.0f;
-    p = p * r + 1.0f / 6.0f;
-    p = p * r + 0.5f;
-    p = p * r + 1.0f;
-    p = p * r + 1.0f;
-    vi bits = (__builtin_convertvector(n, vi) + 127) << 23;
-    return p * (vf)bits;
-}
-
-static inline __attribute__((always_inline)) float fast_exp(float x) {
-    float a[LANES] = {0};
-    a[0] = x;
-    store(a, vexp(load(a)));
-    return a[0];
 }
 
 /* sum_out = x (+ delta); normed = sum_out / rms(sum_out) * (w or 1 + w), row by row.
@@ -165,138 +132,26 @@ int tandem_rope_write_kv(float *qkv, int64_t t_count, int64_t h, int64_t hkv, in
     return 0;
 }
 
-/* Query heads h0 .. h0 + nh - 1 (nh <= MAX_HEADS, all of KV head g, contiguous in q) against
- * keys lo .. hi: each key and value row is loaded once for all of them. p: [nh, stride] scratch
- * for the softmax weights. Head i's scores and sums run in the same order whatever nh is.
- * nv = D / LANES, a constant where inlined, so the loops unroll into registers. */
-#define MAX_HEADS 8
-static inline __attribute__((always_inline)) void attend_heads(
-        const float *qh, const float *k_cache, const float *v_cache, const int64_t *slots,
-        int64_t hkv, int64_t g, int64_t lo, int64_t hi, float scale, float *p, int64_t stride,
-        float *o, int nh, const int nv) {
-    int64_t d = nv * LANES;
-    vf qv[MAX_HEADS][MAX_HEAD_DIM / LANES];
-    for (int i = 0; i < nh; i++)
-        for (int e = 0; e < nv; e++) qv[i][e] = load(qh + i * d + e * LANES);
-    vf mx[MAX_HEADS];
-    for (int i = 0; i < nh; i++) mx[i] = splat(-INFINITY);
-    for (int64_t j = lo; j <= hi; j += LANES) {
-        vf t[MAX_HEADS][LANES];  /* t[i][k]: head i's partial sums for key j + k */
-        for (int k = 0; k < LANES; k++) {
-            if (j + k <= hi) {
-                const float *kj = k_cache + (slots[j + k] * hkv + g) * d;
-                if (j + k + LANES <= hi)  /* the row a block ahead: hide the cache's latency */
-                    for (int e = 0; e < nv; e++)  /* each 64-byte line */
-                        __builtin_prefetch(k_cache + (slots[j + k + LANES] * hkv + g) * d
-                                           + e * LANES);
-                vf kv[MAX_HEAD_DIM / LANES];
-                for (int e = 0; e < nv; e++) kv[e] = load(kj + e * LANES);
-                for (int i = 0; i < nh; i++) {
-                    vf acc = {0};
-                    for (int e = 0; e < nv; e++) acc += qv[i][e] * kv[e];
-                    t[i][k] = acc;
-                }
-            } else {
-                for (int i = 0; i < nh; i++) t[i][k] = (vf){0};
-            }
+/* out[r] = the sum of x's row r [n] (rows contiguous, each n floats apart): lane l sums
+ * elements l mod LANES of a span of SPAN floats, the span's lanes are summed by vec.h's fixed
+ * tree, and the spans in double in order. Each row is summed by one thread in this one order, so
+ * its bits never depend on how many rows are summed with it (torch's sum splits a single long
+ * row over the threads, and so rounds it otherwise than the same row in a batch). */
+#define SPAN 4096
+void tandem_row_sum(const float *x, int64_t rows, int64_t n, float *out, int threads) {
+#pragma omp parallel for num_threads(threads) if (rows > 1 && threads > 1) schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
+        const float *row = x + r * n;
+        double total = 0.0;
+        for (int64_t s = 0; s < n; s += SPAN) {
+            int64_t end = s + SPAN < n ? s + SPAN : n, i = s;
+            vf acc = {0};
+            for (; i + LANES <= end; i += LANES) acc += load(row + i);
+            float lanes[LANES];
+            store(lanes, acc);
+            for (int l = 0; i + l < end; l++) lanes[l] += row[i + l];
+            total += (double)hsum(load(lanes));
         }
-        vi live = __builtin_convertvector(iota() + (float)j, vi) <= (int32_t)hi;
-        for (int i = 0; i < nh; i++) {
-            vf sc = reduce_lanes(t[i]) * scale;
-            store(p + i * stride + j, sc);
-            mx[i] = vselect(live & (sc > mx[i]), sc, mx[i]);
-        }
+        out[r] = (float)total;
     }
-    float total[MAX_HEADS];
-    for (int i = 0; i < nh; i++) {
-        float m = mx[i][0];
-        for (int l = 1; l < LANES; l++) m = mx[i][l] > m ? mx[i][l] : m;
-        float *pi = p + i * stride;
-        /* LANES keys at a time; the last block's lanes past hi are never summed. */
-        for (int64_t j = lo; j <= hi; j += LANES) store(pi + j, vexp(load(pi + j) - m));
-        total[i] = 0.0f;
-        for (int64_t j = lo; j <= hi; j++) total[i] += pi[j];
-    }
-    /* One head at a time: its nv sums stay in registers (all heads' sums together spilled to
-     * the stack, a load and a store per multiply-add); each head after the first finds the
-     * value rows in L1. Each sum still runs over j in order: the same bits. */
-    for (int i = 0; i < nh; i++) {
-        const float *pi = p + i * stride;
-        vf acc[MAX_HEAD_DIM / LANES];
-        for (int e = 0; e < nv; e++) acc[e] = (vf){0};
-        for (int64_t j = lo; j <= hi; j++) {
-            const float *vj = v_cache + (slots[j] * hkv + g) * d;
-            if (i == 0 && j + 8 <= hi)
-                for (int e = 0; e < nv; e++)  /* each 64-byte line */
-                    __builtin_prefetch(v_cache + (slots[j + 8] * hkv + g) * d + e * LANES);
-            const vf pj = splat(pi[j]);
-            for (int e = 0; e < nv; e++) acc[e] += pj * load(vj + e * LANES);
-        }
-        const vf inv = splat(1.0f / total[i]);
-        for (int e = 0; e < nv; e++) store(o + i * d + e * LANES, acc[e] * inv);
-    }
-}
-
-static void attend_group(const float *qh, const float *k_cache, const float *v_cache,
-                         const int64_t *slots, int64_t hkv, int64_t g, int64_t lo, int64_t hi,
-                         float scale, float *p, int64_t stride, float *o, int nh, int nv) {
-#define ATTEND(NV) attend_heads(qh, k_cache, v_cache, slots, hkv, g, lo, hi, scale, p, stride, \
-                                o, nh, NV)
-    if (nv == 64 / LANES) ATTEND(64 / LANES);  /* head sizes 64 and 128, unrolled */
-    else if (nv == 128 / LANES) ATTEND(128 / LANES);
-    else ATTEND(nv);
-#undef ATTEND
-}
-
-/* Paged attention for requests with a few queries each (decode, verification), straight from
- * the cache. Request r owns flat query rows [req[r][0], req[r][0] + req[r][1]) and keys
- * 0 .. req[r][2] - 1 at cache slots kv_slots[r][j]; its query i sits at position
- * req[r][2] - req[r][1] + i and attends keys j <= position (and j > position - window when
- * window > 0). q: [T, q_stride] with head hd at hd * D; out: [T, H, D]. Query heads
- * g * rep .. g * rep + rep - 1 share KV head g. D must be a multiple of 16. Requests are spread
- * over `threads` OpenMP threads (in torch's pool; one request is computed by one thread, so its
- * bits do not depend on the split). Returns -1 on bad sizes or no memory. */
-int tandem_paged_attention(const float *q, int64_t q_stride, const float *k_cache,
-                           const float *v_cache, float *out, const int64_t *req,
-                           const int64_t *kv_slots, int64_t num_reqs, int64_t lmax, int64_t h,
-                           int64_t hkv, int64_t d, float scale, int64_t window, int threads) {
-    if (d > MAX_HEAD_DIM || d % 16 || h % hkv) return -1;  /* 16: the same sizes on every CPU */
-    int64_t rep = h / hkv, stride = lmax + LANES;
-    int nt = threads > 1 ? threads : 1;
-    /* softmax weights, one scratch per thread */
-    float *p = malloc(sizeof(float) * (size_t)(nt * MAX_HEADS * stride));
-    if (!p) return -1;
-    /* Below ~64k multiply-adds a second thread costs more to wake than it saves. (The bound was
-     * 1M: 16 SmolLM2 streams ran on one core below 114 positions; 16 x (64 + 64) tokens held to
-     * AVX2, bounds alternating 4 rounds: 1M 453, 256k 468, 64k 465, 16k 475 tok/s.
-     * Splitting one request's heads over the threads made one stream 1-3% slower: its
-     * attention is ~10 us a layer, near a fork's cost, and both cores then read its keys.) */
-    int parallel = nt > 1 && num_reqs > 1 && num_reqs * lmax * h * d >= (1 << 16);
-    (void)parallel;
-#pragma omp parallel for num_threads(nt) schedule(dynamic, 1) if (parallel)
-    for (int64_t r = 0; r < num_reqs; r++) {
-#ifdef _OPENMP
-        float *pr = p + (size_t)omp_get_thread_num() * MAX_HEADS * stride;
-#else
-        float *pr = p;
-#endif
-        int64_t q0 = req[3 * r], qlen = req[3 * r + 1], slen = req[3 * r + 2];
-        const int64_t *slots = kv_slots + r * lmax;
-        for (int64_t i = 0; i < qlen; i++) {
-            int64_t pos = slen - qlen + i;
-            int64_t lo = window > 0 && pos - window + 1 > 0 ? pos - window + 1 : 0;
-            int64_t hd = 0;
-            while (hd < h) {
-                /* Heads hd .. hd + nh - 1: up to MAX_HEADS of one KV head's query heads. */
-                int64_t g = hd / rep, left = (g + 1) * rep - hd;
-                int nh = (int)(left < MAX_HEADS ? left : MAX_HEADS);
-                attend_group(q + (q0 + i) * q_stride + hd * d, k_cache, v_cache, slots, hkv, g,
-                             lo, pos, scale, pr, stride, out + ((q0 + i) * h + hd) * d, nh,
-                             (int)(d / LANES));
-                hd += nh;
-            }
-        }
-    }
-    free(p);
-    return 0;
 }

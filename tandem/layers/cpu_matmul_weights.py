@@ -1,6 +1,7 @@
 """Applies the CPU matmul mode to a loaded model (TANDEM_CPU_MATMUL, layers/matmul_choice.py).
 
-`c` needs the C kernels (loaded first). Only `bf16` touches weights: every linear layer's weight
+`c` needs the C kernels (loaded first); `blas` and `onednn` give up batch invariance, and say so
+in the log. Only `bf16` touches weights: every linear layer's weight
 (and the LM head's, as a separate copy when it is tied to the embedding) is stored in bfloat16,
 which `layers/linear.linear` then multiplies against bfloat16-rounded activations. The other
 modes pick kernels, not weights.
@@ -28,6 +29,12 @@ def apply_cpu_matmul_mode(model: nn.Module, dtype: torch.dtype, device: torch.de
         raise ValueError("TANDEM_CPU_MATMUL='c' needs the fused CPU kernels, which are off "
                          "(TANDEM_CPU_KERNELS='torch', or they could not be built: see the log); "
                          "use 'auto', 'blas' or 'onednn'.")
+    if mode in ("blas", "onednn") and device.type == "cpu":
+        logger.warning("TANDEM_CPU_MATMUL=%s: torch's kernels pick their rounding by the batch's "
+                       "shape, so a token's logits may differ in the last bits between plain "
+                       "decoding, speculative verification and prefill (greedy speculation may "
+                       "then differ from plain output); the default 'auto' keeps them equal.",
+                       mode)
     if mode != "bf16":
         return
     if device.type != "cpu" or dtype != torch.float32:

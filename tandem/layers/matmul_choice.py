@@ -1,25 +1,19 @@
-"""Which CPU matmul kernel a float32 linear layer uses, chosen by measurement on this machine.
+"""Which CPU kernel multiplies a float32 linear layer, and the bfloat16 weight mode.
 
-oneDNN's `_linear_pointwise` and the default BLAS (`F.linear`) trade places from one CPU to the
-next: on one 2-core dev machine oneDNN streamed decode-sized matmuls twice as fast, while on an
-AMX Xeon BLAS was 1.8x faster for SmolLM2's layers at one token (see docs/performance.md). So
-the first time a (weight shape, batch-size bucket) is seen, both are timed on that weight and the
-faster is kept for the process. `TANDEM_CPU_MATMUL=blas|onednn` fixes the choice instead.
+By default (`TANDEM_CPU_MATMUL=auto`) every float32 linear layer runs our own kernel
+(kernels/cpu_gemm.c) at every number of rows: decode, verification and prefill. It computes each
+output as one dot product in a fixed order, so a row's bits never depend on its batch, its place
+in it, the thread count or the number of rows: plain decoding, speculative verification, any
+chunking of a prompt and a preemption's recompute multiply a token's row the same way, and
+greedy speculation stays lossless at every batch size and every k (`c` is the same, and refuses
+to load without the kernel library). BLAS and oneDNN pick their kernels, and so their rounding,
+by the shape, so a row's last bits would follow its batch.
 
-Decode and verify batches (up to C_MAX_ROWS rows) may instead run our own kernel
-(kernels/cpu_gemm.c), timed against the faster torch kernel at 1 and 16 rows the first time a
-weight shape is seen (a fused decoder stack's shapes together, in total: `choose_c_together`):
-where it wins, it multiplies every batch of that weight up to C_MAX_ROWS
-rows, so a token's row gets the same bits in plain decoding and in any verification (the kernel
-computes each row alone, in a fixed order). On the AMX Xeon it beat MKL 1.1x at one row and
-1.5-1.8x at 4-16 rows, and lost at 256 (docs/performance.md). `TANDEM_CPU_MATMUL=c` uses it for
-every shape it takes, BLAS beyond C_MAX_ROWS rows.
-
-Every timing evicts the weight from the caches first (where the kernel library is loaded): a
-model larger than the caches streams each weight from memory every step, and that is the race
-that matters. Timed hot, a layer's weight sits in L2, where BLAS's kernels are built to win: with
-AVX2 only, hot timings picked BLAS for SmolLM2's layers though our kernel ran a single stream
-1.4x faster in the engine (docs/performance.md).
+`TANDEM_CPU_MATMUL=blas` or `onednn` runs that torch kernel instead, at every size: an explicit
+choice, off by default, that gives up batch invariance for BLAS's speed on large batches (see
+docs/performance.md for what it gives on prefill). Without the kernel library (no C compiler,
+`TANDEM_CPU_KERNELS=torch`), the faster of the two is timed per shape and row bucket at its first
+use.
 
 `TANDEM_CPU_MATMUL=bf16` is the one mode that changes numerics, so it is never chosen by itself:
 on a CPU with native bfloat16 (AVX512-BF16 or AMX) the linear layers' weights are stored in
@@ -27,9 +21,9 @@ bfloat16 and multiply bfloat16-rounded activations with float32 accumulation (th
 back rounded to bfloat16: torch's CPU bf16 matmul has no float32 output; the LM head is one of
 them, so logits carry that rounding). The embeddings, the residual stream, norms, attention and
 the KV cache stay float32. It halves the bytes a step streams and runs batched steps on AMX
-(2-3x faster linear layers at 16 rows on an AMX Xeon, no faster at one row; see
-docs/performance.md). Rows are multiplied in fixed chunks of 16, so a row's result never depends
-on the batch it is in, and speculative and plain decoding stay identical.
+(2-3x faster linear layers at 16 rows on an AMX Xeon, no faster at one row). Rows are
+multiplied in fixed chunks of 16, so a row's result never depends on the batch it is in, and
+speculative and plain decoding stay identical.
 """
 
 from __future__ import annotations
@@ -71,9 +65,7 @@ def _c(x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor]) -> torch.Ten
 
 KERNELS: dict[str, Kernel] = {"blas": _blas, **({"onednn": _onednn} if _has_onednn() else {})}
 MODES = ("auto", "blas", "onednn", "c", "bf16")
-C_MAX_ROWS = 64  # the C kernel beat MKL up to 64 rows on the AMX Xeon and lost at 256
-_chosen: dict[tuple[int, int, int], Kernel] = {}
-_c_chosen: dict[tuple[int, int], bool] = {}  # (out, in) -> the C kernel runs its small batches
+_chosen: dict[tuple[int, int, int], Kernel] = {}  # without the kernels: (out, in, bucket)
 _forced: list[str] = []  # the validated TANDEM_CPU_MATMUL of the last model load
 
 
@@ -139,46 +131,13 @@ def _time(kernel: Kernel, x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Te
     return best
 
 
-def _c_wins(weights: list[tuple[torch.Tensor, Optional[torch.Tensor]]]) -> bool:
-    """The C kernel is faster than the better torch kernel for each weight, summed over the
-    weights (weight, bias) at 1 and 16 rows."""
-    c = best_torch = 0.0
-    for w, b in weights:
-        probes = [torch.randn(rows, w.shape[1]) for rows in (1, 16)]
-        c += sum(_time(_c, p, w, b) for p in probes)
-        best_torch += min(sum(_time(k, p, w, b) for p in probes) for k in KERNELS.values())
-    return c < best_torch
-
-
-def choose_c_together(weights: list[torch.Tensor]) -> None:
-    """Decides the C kernel for these weights' shapes as one (those not decided yet): a fused
-    decoder stack (models/llama_fused.py) runs only where it multiplies every one of them, so a
-    shape it loses by a few percent alone must not turn off a stack that wins as a whole."""
-    if _mode() != "auto" or not cpu_kernels.enabled():
-        return
-    todo = {(w.shape[0], w.shape[1]): w for w in weights
-            if w.shape[1] % 16 == 0 and (w.shape[0], w.shape[1]) not in _c_chosen}
-    if todo:
-        wins = _c_wins([(w, None) for w in todo.values()])
-        _c_chosen.update({shape: wins for shape in todo})
-
-
 def kernel_for(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> Kernel:
     """The kernel for a [rows, in] float32 CPU input against `weight` [out, in]."""
     forced = _mode()
     if forced in KERNELS:
         return KERNELS[forced]
-    if x.shape[0] <= C_MAX_ROWS and weight.shape[1] % 16 == 0 and cpu_kernels.enabled():
-        if forced == "c":
-            return _c
-        shape = (weight.shape[0], weight.shape[1])
-        use_c = _c_chosen.get(shape)
-        if use_c is None:
-            use_c = _c_chosen[shape] = _c_wins([(weight, bias)])
-        if use_c:
-            return _c
-    if forced == "c":
-        return _blas
+    if cpu_kernels.enabled():
+        return _c
     rows = _bucket(x.shape[0])
     key = (weight.shape[0], weight.shape[1], rows)
     kernel = _chosen.get(key)
@@ -190,11 +149,3 @@ def kernel_for(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tenso
             kernel = min(KERNELS.values(), key=lambda k: _time(k, probe, weight, bias))
         _chosen[key] = kernel
     return kernel
-
-
-def chosen_kernels() -> dict[str, str]:
-    """The kernel chosen per "out x in, rows" key, for logs and benchmarks."""
-    names = {k: n for n, k in KERNELS.items()}
-    chosen = {f"{o}x{i}, rows <= {C_MAX_ROWS}": "c" for (o, i), c in _c_chosen.items() if c}
-    chosen.update({f"{o}x{i}, rows bucket {r}": names[k] for (o, i, r), k in _chosen.items()})
-    return chosen

@@ -85,7 +85,7 @@ class Gemma3Model(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         x = self.embed_tokens(input_ids)  # [T, hidden]
         rope_global, rope_local = self.rotary_global(positions), self.rotary_local(positions)
-        fused = gemma_stack(self, x, rope_local, rope_global)  # CPU decode/verify: one C call
+        fused = gemma_stack(self, x, rope_local, rope_global)  # CPU steps: one C call
         if fused is not None:
             return fused
         for layer in self.layers:

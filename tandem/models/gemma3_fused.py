@@ -1,11 +1,12 @@
-"""A Gemma 3 decoder stack's decode or verify step in one C call (kernels/cpu_decoder_gemma.c).
+"""A Gemma 3 decoder stack's step (decode, verification, prefill) in one C call
+(kernels/cpu_decoder_gemma.c).
 
 Layer by layer, Gemma 3 270M's one-stream decode step makes 72 quantized-matmul calls (each
 an OpenMP region of its own) and about twice as many for norms, adds, rope, attention and the
 activation, each through Python modules and ctypes: several ms of a step whose math already
 runs in our C kernels. Where every piece of the stack would run them anyway (the conditions of
-models/llama_fused.py, whose helpers this module uses: kernels on, float32, one decode/verify
-attention group, one rank, every linear weight quantized or our float32 matmul chosen for each;
+models/llama_fused.py, whose helpers this module uses: kernels on, float32, attention on the
+CPU kernel, one rank, every linear weight quantized or multiplied by our float32 matmul;
 and here GELU-tanh, (1 + w) norms, no soft-capped attention), `gemma_stack` runs all layers in
 one call, each layer with its own sliding window and rope table (local or global): the same
 kernels in the same order on the same shapes, so the result is bit-identical to the
@@ -89,8 +90,8 @@ def gemma_stack(model: DecoderStack, x: torch.Tensor, rope_local: Rope,
     ready = prepare(model, x, _plan, _gemma_tensors)
     if ready is None:
         return None
-    g, plan, table = ready
+    meta, plan, table = ready
     return cpu_kernels.gemma_stack(x, plan.dims, table, plan.kinds, model.norm.weight, plan.eps,
                                    plan.qk_eps, rope_local, rope_global,
-                                   get_forward_context().slot_mapping, g.requests, g.kv_slots,
+                                   get_forward_context().slot_mapping, meta.requests, meta.kv_slots,
                                    plan.scale)

@@ -87,7 +87,7 @@ class LlamaModel(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         x = self.embed_tokens(input_ids)  # [T, hidden]
         rope = self.rotary(positions)
-        fused = fused_stack(self, x, rope)  # decode/verify steps on the CPU: one C call
+        fused = fused_stack(self, x, rope)  # float32 or quantized steps on the CPU: one C call
         if fused is not None:
             return fused
         residual: Optional[torch.Tensor] = None

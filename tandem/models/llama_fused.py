@@ -1,10 +1,11 @@
-"""A Llama-family decoder stack's decode or verify step in one C call (kernels/cpu_decoder.c).
+"""A Llama-family decoder stack's step (decode, verification, prefill) in one C call
+(kernels/cpu_decoder.c).
 
 Layer by layer, a step makes about a hundred Python-level calls per layer (modules, wrappers,
 kernel choice, ctypes), some 3 ms of a 30 ms single-stream step on the AMX Xeon, while the
 math itself already runs in our C kernels. When every piece of the stack would run them anyway
-(float32 on the CPU with the kernels on, our matmul chosen for each weight at this batch size,
-one decode/verify attention group, one rank, SiLU, no bias but q/k/v's, no sliding window; or
+(float32 on the CPU with the kernels on, our matmul for every weight (the default),
+attention on the CPU kernel, one rank, SiLU, no bias but q/k/v's, no sliding window; or
 every layer's weights quantized, which only our kernels multiply),
 `fused_stack` runs all layers in one call: the same kernels in the same order on the same
 shapes, so the result is bit-identical to the layer-by-layer path
@@ -20,7 +21,7 @@ import torch
 from torch import nn
 
 from tandem.attention.context import get_forward_context
-from tandem.attention.metadata import AttnGroup
+from tandem.attention.metadata import AttentionMetadata
 from tandem.kernels import cpu as cpu_kernels
 from tandem.layers import matmul_choice
 from tandem.layers.activation import silu_and_mul
@@ -157,25 +158,20 @@ def _llama_tensors(layer: nn.Module) -> list:
     return tensors
 
 
-def step_group(x: torch.Tensor) -> Optional[AttnGroup]:
-    """The step's one decode/verify attention group where a fused stack may run on x [T,
-    hidden] (kernels on, float32, at most C_MAX_ROWS rows), else None."""
-    if not cpu_kernels.enabled() or not f32(x) or x.shape[0] > matmul_choice.C_MAX_ROWS:
+def step_group(x: torch.Tensor) -> Optional[AttentionMetadata]:
+    """The step's attention metadata where a fused stack may run on x [T, hidden] (kernels on,
+    float32, the attention kernel's view of every request), else None."""
+    if not cpu_kernels.enabled() or not f32(x):
         return None
-    groups = get_forward_context().groups
-    if len(groups) != 1 or not groups[0].small or groups[0].requests is None:
-        return None
-    return groups[0]
+    meta = get_forward_context()
+    return None if meta.requests is None else meta
 
 
 def model_plan(model: DecoderStack, build: Callable[[DecoderStack], Optional[P]]) -> Optional[P]:
-    """build(model), once per model (None: the stack never runs fused); the C matmul for its
-    float weights' shapes is decided as one at the same time."""
+    """build(model), once per model (None: the stack never runs fused)."""
     plan = model.__dict__.get("_fused_plan", False)
     if plan is False:
         plan = model.__dict__["_fused_plan"] = build(model)
-        if plan is not None:
-            matmul_choice.choose_c_together(plan.weights)
     return plan
 
 
@@ -186,18 +182,19 @@ def c_multiplies(x: torch.Tensor, weights: list[torch.Tensor]) -> bool:
 
 
 def prepare(model: DecoderStack, x: torch.Tensor, build: Callable[[DecoderStack], Optional[P]],
-            tensors: Callable[[nn.Module], list]) -> Optional[tuple[AttnGroup, P, torch.Tensor]]:
-    """The step's attention group, the model's plan and its address table where a fused stack
+            tensors: Callable[[nn.Module], list]
+            ) -> Optional[tuple[AttentionMetadata, P, torch.Tensor]]:
+    """The step's attention metadata, the model's plan and its address table where a fused stack
     runs this step on x [T, hidden] (see step_group, model_plan, c_multiplies, address_table),
     else None."""
-    g = step_group(x)
-    if g is None:
+    meta = step_group(x)
+    if meta is None:
         return None
     plan = model_plan(model, build)
     if plan is None or not c_multiplies(x, plan.weights):
         return None
     table = address_table(model, plan, tensors)
-    return None if table is None else (g, plan, table)
+    return None if table is None else (meta, plan, table)
 
 
 def fused_stack(model: DecoderStack, x: torch.Tensor, rope: Rope) -> Optional[torch.Tensor]:
@@ -206,7 +203,7 @@ def fused_stack(model: DecoderStack, x: torch.Tensor, rope: Rope) -> Optional[to
     ready = prepare(model, x, _plan, _llama_tensors)
     if ready is None:
         return None
-    g, plan, table = ready
+    meta, plan, table = ready
     return cpu_kernels.llama_stack(x, plan.dims, table, model.norm.weight, plan.eps, plan.qk_eps,
                                    plan.qk_unit_offset, rope, get_forward_context().slot_mapping,
-                                   g.requests, g.kv_slots, plan.scale)
+                                   meta.requests, meta.kv_slots, plan.scale)

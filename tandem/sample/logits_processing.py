@@ -62,23 +62,54 @@ def filter_probs(probs: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
 
     One stable descending sort serves all three, so ties are broken towards the lower token id.
     Each filter keeps a prefix of the sorted order, so their combination is a prefix too. Large
-    vocabularies sort only the top `_CANDIDATES` tokens; rows whose kept prefix could reach past
-    them (or end in a tie with the first excluded token) are redone with the full sort.
+    vocabularies sort only the top `_CANDIDATES` tokens; rows whose top-k reaches past them, and
+    rows whose kept prefix could reach past them (or end in a tie with the first excluded token),
+    take the full sort. Which sort a row takes, and every sum, depends on that row alone, so a
+    row's distribution has the same bits whatever else is in its batch.
     """
     vocab_size = probs.shape[-1]
     c = min(vocab_size, _CANDIDATES)
-    if c < vocab_size and bool((top_k > c).any()):
-        c = vocab_size
-    keep, sorted_p, order = _filter_sorted(probs, top_k, top_p, min_p, c)
-    filtered = torch.zeros_like(probs).scatter_(-1, order, sorted_p * keep)  # [B, V]
-    if c < vocab_size:
+    if c == vocab_size:
+        keep, sorted_p, order = _filter_sorted(probs, top_k, top_p, min_p, c)
+        filtered = torch.zeros_like(probs).scatter_(-1, order, sorted_p * keep)  # [B, V]
+        return _renormalised(probs, filtered, top_k, top_p, min_p)
+    filtered = torch.zeros_like(probs)                                         # [B, V]
+    wide = top_k > c                                                           # [B]
+    narrow = (~wide).nonzero().flatten()                                       # [N]
+    full = wide.nonzero().flatten()                                            # [F]
+    if len(narrow):
+        sub = len(narrow) < probs.shape[0]
+        p_n = probs[narrow] if sub else probs
+        keep, sorted_p, order = _filter_sorted(p_n, top_k[narrow], top_p[narrow],
+                                               min_p[narrow], c)
+        f_n = torch.zeros_like(p_n).scatter_(-1, order, sorted_p * keep)
+        if sub:
+            filtered[narrow] = f_n
+        else:
+            filtered = f_n
         kept_min = torch.where(keep, sorted_p, torch.full_like(sorted_p, 2.0)).amin(dim=-1)
-        redo = (keep[:, -1] | (sorted_p[:, -1] >= kept_min)).nonzero().flatten()  # [R]
-        if len(redo):
-            keep_r, sorted_r, order_r = _filter_sorted(probs[redo], top_k[redo], top_p[redo],
-                                                       min_p[redo], vocab_size)
-            filtered[redo] = torch.zeros_like(probs[redo]).scatter_(-1, order_r, sorted_r * keep_r)
-    return filtered / filtered.sum(dim=-1, keepdim=True)
+        again = keep[:, -1] | (sorted_p[:, -1] >= kept_min)                    # [N]
+        full = torch.cat((full, narrow[again]))
+    if len(full):
+        keep_r, sorted_r, order_r = _filter_sorted(probs[full], top_k[full], top_p[full],
+                                                   min_p[full], vocab_size)
+        filtered[full] = torch.zeros_like(probs[full]).scatter_(-1, order_r, sorted_r * keep_r)
+    return _renormalised(probs, filtered, top_k, top_p, min_p)
+
+
+def _renormalised(probs: torch.Tensor, filtered: torch.Tensor, top_k: torch.Tensor,
+                  top_p: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+    """filtered [B, V] renormalised; a row with no filter of its own keeps `probs` as they are,
+    as it would in a batch where no row has one (its bits never depend on its neighbours')."""
+    unfiltered = ((top_k <= 0) | (top_k >= probs.shape[-1])) & (top_p >= 1.0) & (min_p <= 0.0)
+    return torch.where(unfiltered.unsqueeze(1), probs, filtered / row_sum(filtered))
+
+
+def row_sum(x: torch.Tensor) -> torch.Tensor:
+    """[B, V] -> [B, 1]: each row summed in one order whatever the batch (the CPU kernel's;
+    torch's sum elsewhere, which on a CPU would split a lone row over the threads)."""
+    fast = cpu_kernels.row_sum(x)
+    return fast if fast is not None else x.sum(dim=-1, keepdim=True)
 
 
 def _filter_sorted(probs: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
@@ -113,7 +144,7 @@ def _filter_sorted(probs: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor
     else:
         # Mass after min-p and top-k over the whole vocabulary: with top-k <= c it all lies in
         # the candidates; without top-k it is every token above the min-p threshold.
-        above = (probs * (probs >= threshold)).sum(dim=-1, keepdim=True)  # [B, 1]
+        above = row_sum(probs * (probs >= threshold))          # [B, 1]
         total = torch.where(top_k.unsqueeze(1) > 0, cum[:, -1:], above)
     mass_before = (cum - kept) / total                      # [B, c]
     tp = top_p.unsqueeze(1)                                 # [B, 1]

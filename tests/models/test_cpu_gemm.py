@@ -1,4 +1,4 @@
-"""The C matmul (tandem/kernels/cpu_gemm.c) for decode and verify batches: against a float64
+"""The C matmul (tandem/kernels/cpu_gemm.c) for every float32 linear layer: against a float64
 reference, rows that never depend on their batch or the thread count, where it is chosen, and
 TANDEM_CPU_MATMUL=c."""
 
@@ -21,8 +21,9 @@ def _reference(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torc
     return y if b is None else y + b.double()
 
 
-# in: one lane block, SmolLM2's hidden and intermediate sizes; out: tile tails of every kind.
-@pytest.mark.parametrize("n,k", [(1, 16), (7, 48), (962, 576), (131, 1536)])
+# in: one lane block, SmolLM2's hidden and intermediate sizes, partial lane blocks; out: tile
+# tails of every kind.
+@pytest.mark.parametrize("n,k", [(1, 16), (7, 48), (962, 576), (131, 1536), (9, 40), (5, 3)])
 @pytest.mark.parametrize("bias", [False, True])
 def test_linear_matches_a_float64_reference(fused, n, k, bias):
     torch.manual_seed(0)
@@ -52,66 +53,39 @@ def test_rows_do_not_depend_on_the_batch_or_the_threads(fused):
 
 
 def test_layouts_the_kernel_does_not_take_are_refused(fused):
-    torch.manual_seed(2)
-    w = torch.randn(32, 40)  # in not a multiple of 16
-    x = torch.randn(3, 40)
-    assert cpu_kernels.linear(x, w, None) is None
     assert cpu_kernels.linear(torch.randn(3, 64), torch.randn(64, 32).T, None) is None
     assert cpu_kernels.linear(torch.randn(3, 64).double(), torch.randn(8, 64).double(),
                               None) is None
-    # torch runs (oneDNN or BLAS, whichever the start-up timing chose on this host: their sums
-    # may differ in the last bits, so not bit-exact against F.linear)
+    x, w = torch.randn(3, 64), torch.randn(64, 32).T  # a transposed weight: torch multiplies it
     torch.testing.assert_close(linear(x, w), F.linear(x, w))
 
 
-def test_the_c_kernel_runs_small_batches_where_it_wins(fused, monkeypatch):
+def test_the_c_kernel_runs_every_batch_by_default(fused, monkeypatch):
+    """Decode, verification and prefill batches all take our kernel (one rounding for a row,
+    whatever its batch); the torch kernels run only where asked for by name."""
     monkeypatch.setattr(matmul_choice, "_forced", ["auto"])
-    monkeypatch.setattr(matmul_choice, "_c_chosen", {})
+    w = torch.randn(96, 40)
+    for rows in (1, 16, 64, 65, 256, 1000):
+        assert matmul_choice.kernel_for(torch.randn(rows, 40), w, None) is matmul_choice._c
+    for mode in matmul_choice.KERNELS:
+        monkeypatch.setattr(matmul_choice, "_forced", [mode])
+        assert matmul_choice.kernel_for(torch.randn(4, 40), w, None) is \
+            matmul_choice.KERNELS[mode]
+
+
+def test_without_the_kernels_torch_kernels_are_timed_per_bucket(fused, monkeypatch):
+    monkeypatch.setattr(matmul_choice, "_forced", ["auto"])
     monkeypatch.setattr(matmul_choice, "_chosen", {})
+    monkeypatch.setitem(cpu_kernels._state, "lib", None)
     timed = []
-    monkeypatch.setattr(matmul_choice, "_c_wins", lambda weights: timed.append(
-        tuple(weights[0][0].shape)) or weights[0][0].shape[0] == 96)
-    wins, loses = torch.randn(96, 64), torch.randn(80, 64)
-    for rows in (1, 16, 64):
-        assert matmul_choice.kernel_for(torch.randn(rows, 64), wins, None) is matmul_choice._c
-        assert matmul_choice.kernel_for(torch.randn(rows, 64), loses, None) in \
+    monkeypatch.setattr(matmul_choice, "_time", lambda k, x, w, b: timed.append(x.shape[0]) or 1.0)
+    w = torch.randn(32, 16)
+    for rows in (1, 3, 4, 200):
+        assert matmul_choice.kernel_for(torch.randn(rows, 16), w, None) in \
             matmul_choice.KERNELS.values()
-    assert timed == [(96, 64), (80, 64)]  # once per weight shape, for all its small batches
-    assert matmul_choice.kernel_for(torch.randn(65, 64), wins, None) in \
-        matmul_choice.KERNELS.values()  # prefill-sized batches stay with BLAS or oneDNN
-    assert matmul_choice.chosen_kernels()["96x64, rows <= 64"] == "c"
-
-
-def test_the_timing_compares_against_every_torch_kernel(fused, monkeypatch):
-    times = {matmul_choice._c: 1.0, **{k: 2.0 for k in matmul_choice.KERNELS.values()}}
-    monkeypatch.setattr(matmul_choice, "_time", lambda k, x, w, b: times[k])
-    w = torch.randn(16, 32)
-    assert matmul_choice._c_wins([(w, None)])
-    times[matmul_choice.KERNELS["blas"]] = 0.5
-    assert not matmul_choice._c_wins([(w, None)])
-
-
-def test_a_fused_stacks_shapes_are_chosen_together_by_their_total(fused, monkeypatch):
-    """One shape that loses alone by a little must not turn off the C kernel for a stack that
-    wins as a whole (the fused stack needs it on every shape), nor a big win on one shape hide
-    losses on the others."""
-    monkeypatch.setattr(matmul_choice, "_forced", ["auto"])
-    monkeypatch.setattr(matmul_choice, "_c_chosen", {})
-    a, b, c = torch.randn(32, 16), torch.randn(48, 16), torch.randn(64, 16)
-    cost = {32: (1.0, 2.0), 48: (1.1, 1.0), 64: (3.0, 1.0)}  # out -> (C, every torch kernel)
-    monkeypatch.setattr(matmul_choice, "_time", lambda k, x, w, bias: cost[w.shape[0]][
-        0 if k is matmul_choice._c else 1])
-    matmul_choice.choose_c_together([a, b])  # 2.1 < 3.0: both, though b alone loses
-    assert matmul_choice._c_chosen == {(32, 16): True, (48, 16): True}
-    matmul_choice.choose_c_together([a, c])  # a is decided: c alone, 3.0 > 1.0
-    assert matmul_choice._c_chosen[(64, 16)] is False
-    monkeypatch.setattr(matmul_choice, "_c_chosen", {})
-    matmul_choice.choose_c_together([a, b, c])  # 5.1 > 4.0: none
-    assert not any(matmul_choice._c_chosen.values()) and len(matmul_choice._c_chosen) == 3
-    monkeypatch.setattr(matmul_choice, "_forced", ["blas"])
-    monkeypatch.setattr(matmul_choice, "_c_chosen", {})
-    matmul_choice.choose_c_together([a, b])  # a fixed mode times nothing
-    assert matmul_choice._c_chosen == {}
+    if len(matmul_choice.KERNELS) > 1:  # one timing per bucket (1, 4, 256), per torch kernel
+        assert sorted(set(timed)) == [1, 4, 256]
+    assert (32, 16, 256) in matmul_choice._chosen
 
 
 def test_timings_see_the_weight_come_from_memory(fused, monkeypatch):

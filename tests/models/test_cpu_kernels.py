@@ -104,7 +104,7 @@ def test_paged_attention_matches_a_direct_reference(fused, h, hkv, d, window):
     qkv = torch.randn(sum(query_lens), h + 2 * hkv, d)
     q = qkv[:, :h]  # a view with the projection's token stride, as the model passes it
     meta = build_attention_metadata(query_lens, seq_lens, tables, block, torch.device("cpu"))
-    (group,) = meta.groups
+    group = meta
     out = torch.empty(q.shape)
     assert cpu_kernels.paged_attention(q, k_cache, v_cache, out, group.requests, group.kv_slots,
                                        d ** -0.5, window)
@@ -125,7 +125,7 @@ def test_attention_rows_do_not_depend_on_the_batch(fused):
         meta = build_attention_metadata(query_lens, seq_lens, tables, block, torch.device("cpu"))
         qs = torch.cat([rows] + [torch.randn(n, h, d) for n in query_lens[1:]])
         out = torch.empty(qs.shape)
-        g = meta.groups[0]
+        g = meta
         assert cpu_kernels.paged_attention(qs, k_cache, v_cache, out, g.requests, g.kv_slots,
                                            0.125, None)
         return out[:rows.shape[0]]
@@ -145,7 +145,7 @@ def test_attention_threads_split_requests_without_changing_bits(fused):
     tables = [[r * 20 + i for i in range(20)] for r in range(reqs)]
     meta = build_attention_metadata([2] * reqs, [300 + r for r in range(reqs)], tables, block,
                                     torch.device("cpu"))  # big enough for the threads to wake
-    g = meta.groups[0]
+    g = meta
     q = torch.randn(2 * reqs, h, d)
     outs = []
     threads = torch.get_num_threads()
@@ -299,7 +299,7 @@ def test_head_sizes_the_kernel_refuses_fall_back_to_sdpa(native_library, monkeyp
     monkeypatch.setitem(cpu_kernels._state, "lib", native_library)
     assert not cpu_kernels.attention_takes(d)
     out = torch.empty(q.shape)
-    g = meta.groups[0]
+    g = meta
     assert not cpu_kernels.paged_attention(q, k_cache, v_cache, out, g.requests, g.kv_slots,
                                            d ** -0.5, None)  # refused, nothing written
     got = backend_attention(q, k_cache, v_cache, meta, d ** -0.5, None)
