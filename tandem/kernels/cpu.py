@@ -291,18 +291,18 @@ def row_sum(x: torch.Tensor) -> Optional[torch.Tensor]:
     return out
 
 
-def gumbel_argmax(scores: torch.Tensor, keys: torch.Tensor,
-                  token_ids: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
-    """sample/gumbel.py's gumbel_argmax by cpu_gumbel.c: scores [B, V] float32, keys [B] int64,
-    token_ids [V] int64 or None -> [B] int64; None where the library is off or the layout is
-    not one it reads."""
+def gumbel_argmax_sparse(scores: torch.Tensor, start: torch.Tensor, ids: torch.Tensor,
+                         cols: torch.Tensor, keys: torch.Tensor) -> Optional[torch.Tensor]:
+    """gumbel_argmax over each row's candidates only (cpu_gumbel.c): scores [C] float32, start
+    [B + 1], ids [C] and cols [C] int64 (row r's candidates start[r] .. start[r + 1] - 1, in
+    column order), keys [B] int64 -> [B] int64 columns; None where the library is off."""
     lib = _state["lib"]
-    if (lib is None or scores.dim() != 2 or not _ok(scores) or keys.dtype is not torch.int64
-            or not keys.is_contiguous() or (token_ids is not None and (
-                token_ids.dtype is not torch.int64 or not token_ids.is_contiguous()))):
+    if lib is None or not _ok(scores) or not all(
+            t.dtype is torch.int64 and t.is_contiguous() and t.is_cpu
+            for t in (start, ids, cols, keys)):
         return None
-    out = torch.empty(scores.shape[0], dtype=torch.int64)
-    lib.tandem_gumbel_argmax(scores.data_ptr(), scores.shape[0], scores.shape[1],
-                             keys.data_ptr(), _ptr(token_ids), out.data_ptr(),
-                             torch.get_num_threads())
+    out = torch.empty(keys.shape[0], dtype=torch.int64)
+    lib.tandem_gumbel_argmax_sparse(scores.data_ptr(), start.data_ptr(), ids.data_ptr(),
+                                    cols.data_ptr(), keys.shape[0], keys.data_ptr(),
+                                    out.data_ptr(), torch.get_num_threads())
     return out

@@ -1,20 +1,18 @@
 /* The token a row of scores picks: its plain argmax (greedy rows, as torch.argmax picks), and
- * Gumbel-max sampling over a vocabulary (tandem/sample/gumbel.py's gumbel_argmax, the same noise
- * and the same choice): out[r] = argmax_v (scores[r, v] + g(keys[r], ids[v])), ties to the lower
- * column, g = -log(-log(u)) with u = (h + 1/2) / 2^32 and h = lowbias32(lowbias32(id ^ lo) ^ hi).
+ * Gumbel-max sampling (tandem/sample/gumbel.py's gumbel_sample, the same noise and the same
+ * choice) over a row's candidate columns: out[r] = argmax_v (scores[v] + g(keys[r], ids[v])),
+ * ties to the lower column, g = -log(-log(u)) with u = (h + 1/2) / 2^32 and
+ * h = lowbias32(lowbias32(id ^ lo) ^ hi).
  *
- * Why in C: the torch version hashes every token within G_MAX (~22.9 nats) of the top one, which
- * at temperature 1 is most of a 49k vocabulary: ~1.3 ms a row. Here a column is skipped without
- * its logarithms when its hash alone shows it cannot win: g rises with h, so g(h) > m needs
- * h >= H_MIN(m), and a table of H_MIN at margins rounded down to 1/8 nat (with a safety of 64
- * hashes, far above the rounding of the two logarithms) rejects almost every column with a
- * multiply-xor hash and one compare. Only a handful per row get the exact double-precision noise
- * and compete. Exactness: a column is skipped only if its value is strictly below the running
- * best, so the winner is the one the full computation would pick. The logarithms are libm's
- * (torch's may differ in the last bit): a choice could differ only where two columns' values
- * agree to ~1e-16, which no float32 scores meet.
- */
-#include <math.h>
+ * A column is skipped without its logarithms when its hash alone shows it cannot win: g rises
+ * with h, so g(h) > m needs h >= H_MIN(m), and a table of H_MIN at margins rounded down to 1/8
+ * nat (with a safety of 64 hashes, far above the rounding of the two logarithms) rejects almost
+ * every column with a multiply-xor hash and one compare. Only a handful per row get the exact
+ * double-precision noise and compete. Exactness: a column is skipped only if its value is
+ * strictly below the running best, so the winner is the one the full computation would pick.
+ * The logarithms are libm's (torch's may differ in the last bit): a choice could differ only
+ * where two columns' values agree to ~1e-16, which no float32 scores meet.
+ */#include <math.h>
 #include <stdint.h>
 
 #include "kernels.h"
@@ -109,15 +107,21 @@ static int64_t row_argmax(const float *s, int64_t vocab, uint64_t key, const int
     return best_col;
 }
 
-/* scores [rows, vocab] float32 (-inf where forbidden, one finite per row at least); keys [rows]
- * int64 (64-bit noise keys); ids [vocab] int64 or NULL (column v reads the noise of token ids[v]:
- * a TLI draft's target twins); out [rows] int64. */
-void tandem_gumbel_argmax(const float *scores, int64_t rows, int64_t vocab, const int64_t *keys,
-                          const int64_t *ids, int64_t *out, int threads) {
+/* The Gumbel-max of each row over its candidate columns (the columns that can win, as
+ * sample/gumbel.py's gumbel_sample selects them: its answer is the whole row's): row r's
+ * candidates are i = start[r] .. start[r + 1] - 1, in ascending column order, with scores[i]
+ * float32 (-inf where forbidden, one finite per row at least), ids[i] the token whose noise it
+ * reads (a TLI draft's columns read their target twins') and cols[i] its column; keys [rows]
+ * int64 (64-bit noise keys); out[r] = the winning cols[i]. */
+void tandem_gumbel_argmax_sparse(const float *scores, const int64_t *start, const int64_t *ids,
+                                 const int64_t *cols, int64_t rows, const int64_t *keys,
+                                 int64_t *out, int threads) {
     init_table();
 #pragma omp parallel for num_threads(threads) if (rows > 1 && threads > 1) schedule(static)
-    for (int64_t r = 0; r < rows; r++)
-        out[r] = row_argmax(scores + r * vocab, vocab, (uint64_t)keys[r], ids);
+    for (int64_t r = 0; r < rows; r++) {
+        const int64_t a = start[r];
+        out[r] = cols[a + row_argmax(scores + a, start[r + 1] - a, (uint64_t)keys[r], ids + a)];
+    }
 }
 
 /* scores [rows, vocab] float32 -> out [rows] int64: each row's first maximal column. */

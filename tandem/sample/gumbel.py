@@ -75,24 +75,13 @@ def row_keys(md: SamplingMetadata, device: torch.device) -> torch.Tensor:
                         dtype=torch.int64, device=device)
 
 
-def gumbel_argmax(scores: torch.Tensor, keys: torch.Tensor,
-                  token_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
+def gumbel_argmax_torch(scores: torch.Tensor, keys: torch.Tensor,
+                        token_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
     """scores: [B, V] float32 log-probabilities (-inf where forbidden; at least one finite per
     row); keys: [B] int64; token_ids: [V] int64, the target token whose noise column v reads
     (None: v itself; a TLI draft passes its columns' twins). Returns [B] int64
-    argmax_v(scores + g(key, token_ids[v])), ties to the lower column."""
-    num_rows, vocab = scores.shape
-    if num_rows == 0:
-        return torch.empty(0, dtype=torch.int64, device=scores.device)
-    fast = cpu_kernels.gumbel_argmax(scores, keys, token_ids)  # the same choice, ~10x cheaper
-    if fast is not None:
-        return fast
-    return gumbel_argmax_torch(scores, keys, token_ids)
-
-
-def gumbel_argmax_torch(scores: torch.Tensor, keys: torch.Tensor,
-                        token_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """gumbel_argmax in torch ops (without the C kernels, and the reference in tests)."""
+    argmax_v(scores + g(key, token_ids[v])), ties to the lower column, in torch ops over the
+    whole row: the reference `gumbel_sample` is tested against."""
     num_rows, vocab = scores.shape
     top, top_col = scores.max(dim=-1)                                        # [B] each
     cols_key = top_col if token_ids is None else token_ids[top_col]
@@ -101,11 +90,44 @@ def gumbel_argmax_torch(scores: torch.Tensor, keys: torch.Tensor,
     # margin covers float32 rounding (extra candidates never change the answer).
     floor = (top.double() + g_top - G_MAX - 1e-3).float()                    # [B]
     rows, cols = (scores >= floor.unsqueeze(1)).nonzero(as_tuple=True)      # [C] each
+    return _pick(scores[rows, cols], rows, cols, keys, token_ids, num_rows, vocab)
+
+
+def _pick(scores: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, keys: torch.Tensor,
+          token_ids: Optional[torch.Tensor], num_rows: int, vocab: int) -> torch.Tensor:
+    """The Gumbel-max over candidates (scores [C] at (rows, cols), row-major), in torch ops."""
     ids = cols if token_ids is None else token_ids[cols]
-    value = scores[rows, cols].double() + noise(keys[rows], ids)             # [C]
+    value = scores.double() + noise(keys[rows], ids)                          # [C]
     best = torch.full((num_rows,), -math.inf, dtype=torch.float64, device=scores.device)
     best.scatter_reduce_(0, rows, value, reduce="amax")
     win = value == best[rows]
     out = torch.full((num_rows,), vocab, dtype=torch.int64, device=scores.device)
     return out.scatter_reduce_(0, rows[win], cols[win], reduce="amin")
 
+
+def gumbel_sample(probs: torch.Tensor, keys: torch.Tensor,
+                  token_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """probs: [B, V] (a row's distribution: penalties, temperature and filters applied); keys,
+    token_ids as gumbel_argmax_torch. Returns gumbel_argmax_torch(torch.log(probs), keys,
+    token_ids), the same tokens, without the logarithm of every column: only the columns that can win are
+    taken (probability above the top column's times exp(g_top - G_MAX), less a margin), their
+    logarithms by torch.log (the same bits elementwise), and the choice among them by the C
+    kernel. On a 262k vocabulary that is a few hundred columns instead of all of them."""
+    num_rows, vocab = probs.shape
+    if num_rows == 0:
+        return torch.empty(0, dtype=torch.int64, device=probs.device)
+    top, top_col = probs.max(dim=-1)                                         # [B] each
+    g_top = noise(keys, top_col if token_ids is None else token_ids[top_col])  # [B]
+    # log p_v < log p_top + g_top - G_MAX loses to the top column whatever v's noise; 1e-3
+    # covers the rounding of the logarithms and of the floor (extra candidates change nothing).
+    floor = (torch.log(top.double()) + g_top - G_MAX - 1e-3).exp().to(probs.dtype)  # [B]
+    rows, cols = (probs >= floor.unsqueeze(1)).nonzero(as_tuple=True)       # [C] each
+    scores = torch.log(probs[rows, cols])                                    # [C]
+    if probs.is_cpu:
+        start = torch.zeros(num_rows + 1, dtype=torch.int64)
+        torch.cumsum(torch.bincount(rows, minlength=num_rows), 0, out=start[1:])
+        ids = cols if token_ids is None else token_ids[cols].contiguous()
+        fast = cpu_kernels.gumbel_argmax_sparse(scores, start, ids, cols, keys)
+        if fast is not None:
+            return fast
+    return _pick(scores, rows, cols, keys, token_ids, num_rows, vocab)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from tandem.sample.gumbel import coupled_rows, gumbel_argmax, row_keys
+from tandem.sample.gumbel import coupled_rows, gumbel_sample, row_keys
 from tandem.sample.logits_processing import compute_probs, greedy_tokens
 from tandem.sample.metadata import SamplingMetadata
 from tandem.sample.rejection_sampler import (RejectionOutput, RejectionSampler, _check_inputs,
@@ -30,8 +30,7 @@ class GumbelRejectionSampler(RejectionSampler):
         rand = (md_rows.temperature != 0.0).nonzero().flatten()             # [Rr]
         sub = md_rows.select(rand.tolist())
         probs = compute_probs(logits[rand.to(logits.device)], sub, apply_penalty=False)
-        tokens[rand.to(tokens.device)] = gumbel_argmax(torch.log(probs),
-                                                       row_keys(sub, logits.device))
+        tokens[rand.to(tokens.device)] = gumbel_sample(probs, row_keys(sub, logits.device))
         return tokens
 
     def __call__(self, target_logits: torch.Tensor, num_draft_tokens: list[int],

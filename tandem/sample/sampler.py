@@ -9,7 +9,7 @@ from typing import Callable
 
 import torch
 
-from tandem.sample.gumbel import coupled_rows, gumbel_argmax, row_keys
+from tandem.sample.gumbel import coupled_rows, gumbel_sample, row_keys
 from tandem.sample.logits_processing import apply_penalties, compute_probs, greedy_tokens
 from tandem.sample.logprobs import LogprobsTensors, compute_logprobs
 from tandem.sample.metadata import SamplingMetadata
@@ -49,7 +49,7 @@ GumbelDraw = Callable[[torch.Tensor, SamplingMetadata], torch.Tensor]
 
 def gumbel_draw(probs: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
     """[C, V] probabilities -> [C] int64: each row's Gumbel-max with its noise at its position."""
-    return gumbel_argmax(torch.log(probs), row_keys(md, probs.device))
+    return gumbel_sample(probs, row_keys(md, probs.device))
 
 
 def sample_by_method(probs: torch.Tensor, md: SamplingMetadata, method: str,

@@ -21,7 +21,7 @@ import torch
 
 from tandem.core.kv_cache_manager import KVCacheManager
 from tandem.core.request import Request
-from tandem.sample.gumbel import coupled_rows, gumbel_argmax, row_keys
+from tandem.sample.gumbel import coupled_rows, gumbel_sample, row_keys
 from tandem.sample.logits_processing import compute_probs, greedy_tokens
 from tandem.sample.metadata import SamplingMetadata
 from tandem.sample.random import Purpose
@@ -148,7 +148,7 @@ def _gumbel_draft(q: torch.Tensor, md: SamplingMetadata,
                   token_ids: Optional[torch.Tensor]) -> torch.Tensor:
     """[B, V] draft distribution -> [B] int64 its Gumbel-max with each row's noise at its position
     (the noise the target's token there reads); greedy rows have a one-hot q: its argmax."""
-    return gumbel_argmax(torch.log(q), row_keys(md, q.device), token_ids)
+    return gumbel_sample(q, row_keys(md, q.device), token_ids)
 
 
 def _fit_vocab(logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
