@@ -37,16 +37,16 @@
 #define MR 2
 #define NR 4
 #endif
-/* Holds v in a register from here on. Left to itself, GCC folded each load of w into the
- * multiply-adds that use it, so with AVX2 every row of x read w again: 10 loads for 8 FMAs
- * instead of 6, and the 16- and 32-row matmuls ran 1.17x and 1.3x slower (the same bits: only
- * where the operand comes from changes). Only where a vf is one register (AVX and up). */
+/* Holds v in a register from here on. Left to itself, GCC folds each load of w into the
+ * multiply-adds that use it, so with AVX2 every row of x reads w again: 10 loads for 8 FMAs
+ * instead of 6 (the same bits: only where the operand comes from changes). Only where a vf is
+ * one register (AVX and up). */
 #ifdef __AVX__
 #define IN_REGISTER(v) __asm__("" : "+v"(v))
 #else
 #define IN_REGISTER(v) (void)(v)
 #endif
-#define PREFETCH_AHEAD 4096 /* floats (16 KB) ahead in w: the best of 1-64 KB on the AMX Xeon */
+#define PREFETCH_AHEAD 4096 /* floats (16 KB) ahead in w: far enough to cover memory's latency */
 #define X_BLOCK_BYTES (256 * 1024) /* rows of x a thread keeps in L2 across its tiles */
 
 /* LANES floats from p, of which the first n (< LANES) are real and the rest zero. */
@@ -143,7 +143,7 @@ int tandem_linear(const float *x, const float *w, const float *bias, float *y, i
 #include <cpuid.h>
 
 /* clflushopt where the CPU has it (CPUID.7.0:EBX bit 23), whatever the build's target:
- * clflush serializes each line, 50x slower on the AMX Xeon (300 vs 6 ms for 113 MB). */
+ * clflush serializes each line. */
 __attribute__((target("clflushopt"))) static void flush_lines_opt(const char *c,
                                                                    const char *end) {
     for (; c < end; c += 64) __builtin_ia32_clflushopt(c);

@@ -1,11 +1,11 @@
-/* The float vector the CPU kernels compute with (cpu_kernels.c, cpu_gemm.c), and the fixed-order
- * reductions that make a row's result independent of its batch.
+/* The float vector the CPU kernels compute with (cpu_kernels.c, cpu_attention.c, cpu_gemm.c and
+ * the others), and the fixed-order reductions that make a row's result independent of its batch.
  *
  * LANES is the CPU's own width: 16 floats with AVX-512, 8 elsewhere (AVX2, and NEON's register
  * pairs). Wider GCC vectors than the hardware's are lowered through the stack and general
- * registers: a 16-lane build for AVX2 ran attention 6.5x and SiLU 5x slower. A sum over lanes
- * therefore pairs its terms by the machine's width, and bits differ between CPU kinds; on one
- * machine they never depend on the batch, the tile or the thread count. */
+ * registers, several times slower. A sum over lanes therefore pairs its terms by the machine's
+ * width, and bits differ between CPU kinds; on one machine they never depend on the batch, the
+ * tile or the thread count. */
 #ifndef TANDEM_VEC_H
 #define TANDEM_VEC_H
 #include <stdint.h>

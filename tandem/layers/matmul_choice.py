@@ -21,9 +21,8 @@ bfloat16 and multiply bfloat16-rounded activations with float32 accumulation (th
 back rounded to bfloat16: torch's CPU bf16 matmul has no float32 output; the LM head is one of
 them, so logits carry that rounding). The embeddings, the residual stream, norms, attention and
 the KV cache stay float32. It halves the bytes a step streams and runs batched steps on AMX
-(2-3x faster linear layers at 16 rows on an AMX Xeon, no faster at one row). Rows are
-multiplied in fixed chunks of 16, so a row's result never depends on the batch it is in, and
-speculative and plain decoding stay identical.
+where the CPU grants it. Rows are multiplied in fixed chunks of 16, so a row's result never
+depends on the batch it is in, and speculative and plain decoding stay identical.
 """
 
 from __future__ import annotations
