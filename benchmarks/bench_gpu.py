@@ -13,6 +13,10 @@ step also runs the draft k times (its catch-up pass and k - 1 single-token passe
 the draft's weights and KV. Writes benchmarks/results/gpu.json. Needs torch with CUDA and
 transformers; no network. Run by benchmarks/gpu.sh.
 
+By default the target's decode and verification steps replay CUDA graphs (captured for batch
+sizes up to the largest batch asked for, so start-up captures only what runs); `--enforce-eager`
+measures the eager Triton path instead, `--plain-only` skips speculation (a quick baseline).
+
 `--smoke` runs the same steps on the CPU with two tiny models of the same families, so that the
 script itself is exercised where no CUDA machine is at hand (tests/bench/test_bench_gpu.py); its
 numbers mean nothing.
@@ -119,6 +123,8 @@ def main() -> None:
                    help="synthetic conditional acceptance per position")
     ap.add_argument("--smoke", action="store_true",
                     help="tiny models on the CPU: checks the script, measures nothing")
+    ap.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
+    ap.add_argument("--plain-only", action="store_true", help="no speculative runs")
     ap.add_argument("--output", type=Path, default=ROOT / "benchmarks" / "results" / "gpu.json")
     args = ap.parse_args()
     device = "cpu" if args.smoke else "cuda"
@@ -134,11 +140,13 @@ def main() -> None:
     bandwidth = copy_bandwidth(device, 1 << 22 if args.smoke else 1 << 30)
     rates = [args.acceptance ** (i + 1) for i in range(args.k)]
     common = dict(dtype="bfloat16", load_format="dummy", max_model_len=2048,
-                  enable_prefix_caching=False, gpu_memory_utilization=0.85, device=device)
+                  enable_prefix_caching=False, gpu_memory_utilization=0.85, device=device,
+                  enforce_eager=args.enforce_eager, max_num_seqs=max(args.batches))
     name = torch.cuda.get_device_name(0) if device == "cuda" else "cpu (--smoke)"
     results: dict = {"gpu": name, "torch": torch.__version__,
                      "copy_bandwidth_GBps": bandwidth / 1e9, "k": args.k,
-                     "synthetic_acceptance_rates": rates, "runs": []}
+                     "synthetic_acceptance_rates": rates, "enforce_eager": args.enforce_eager,
+                     "runs": []}
     t0 = time.perf_counter()
     plain = LLM(model=target, **common)
     results["startup_s"] = time.perf_counter() - t0
@@ -156,6 +164,12 @@ def main() -> None:
     del plain
     if device == "cuda":
         torch.cuda.empty_cache()
+    if args.plain_only:
+        for run in results["runs"]:
+            print(f"batch {run['batch']:3d}: plain {run['plain']['tokens_per_s']:8.1f} tok/s "
+                  f"({run['plain']['ms_per_step']:.2f} ms/step = {run['plain']['x_floor']:.2f}x "
+                  f"its floor {run['floor_ms_per_step']:.2f} ms)")
+        return save(results, args.output)
     spec = LLM(model=target, speculative_config={
         "model": draft, "num_speculative_tokens": args.k, "adaptive": False,
         "rejection_sample_method": "synthetic",
@@ -178,7 +192,10 @@ def main() -> None:
               f"{sp['tokens_per_s']:8.1f} tok/s ({sp['ms_per_step']:.2f} ms/step = "
               f"{sp['x_floor']:.2f}x its floor {sp['floor_ms_per_step']:.2f} ms), "
               f"{run['speedup']:.2f}x")
-    out = args.output
+    save(results, args.output)
+
+
+def save(results: dict, out: Path) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2))
     print(f"saved {out}")

@@ -12,6 +12,7 @@ from typing import Any, Optional, Union
 
 import torch
 
+from tandem.compilation_config import CompilationConfig
 from tandem.distributed.launch import launch_from
 from tandem.distributed.parallel_config import ParallelConfig
 from tandem.distributed.tp_check import check_tp_size
@@ -21,8 +22,8 @@ from tandem.spec_decode.config import SpeculativeConfig
 
 # ModelConfig and ParallelConfig live a level down (the speculative config needs them too);
 # they are named here as well, with the engine's other configs.
-__all__ = ["CacheConfig", "DEFAULT_CPU_KV_CACHE_BYTES", "EngineConfig", "ModelConfig",
-           "ParallelConfig", "SchedulerConfig", "SpeculativeConfig"]
+__all__ = ["CacheConfig", "CompilationConfig", "DEFAULT_CPU_KV_CACHE_BYTES", "EngineConfig",
+           "ModelConfig", "ParallelConfig", "SchedulerConfig", "SpeculativeConfig"]
 
 DEFAULT_CPU_KV_CACHE_BYTES = 4 * 1024**3  # vLLM's VLLM_CPU_KVCACHE_SPACE default (4 GiB)
 
@@ -98,6 +99,10 @@ class EngineConfig:
     log_stats: bool = True  # the periodic speculative-decoding log line
     max_logprobs: int = 20  # most logprobs per token a request may ask for (-1: no limit)
     generation_config: str = "auto"  # defaults for omitted sampling fields: auto, vllm or a path
+    # CUDA graphs of decode/verify steps where they exist (CUDA with the Triton kernels); on the
+    # CPU there is nothing to capture, so False (vLLM's default) runs eagerly there as ever.
+    enforce_eager: bool = False
+    compilation_config: CompilationConfig = CompilationConfig()
 
     @staticmethod
     def create(model: str, tokenizer: Optional[str] = None, dtype: Union[str, torch.dtype] = "auto",
@@ -107,19 +112,24 @@ class EngineConfig:
                device: str = "auto", speculative_config: Union[None, dict, SpeculativeConfig] = None,
                revision: Optional[str] = None, block_size: int = 16,
                kv_cache_memory_bytes: Optional[int] = None, disable_log_stats: bool = False,
-               enforce_eager: bool = True, trust_remote_code: bool = False,
+               enforce_eager: bool = False, trust_remote_code: bool = False,
                nnodes: Optional[int] = None, node_rank: Optional[int] = None,
                master_addr: Optional[str] = None, master_port: Optional[int] = None,
                quantization: Optional[str] = None, kv_cache_dtype: str = "auto",
                max_logprobs: int = 20, generation_config: str = "auto",
-               load_format: str = "auto", **unknown: Any) -> EngineConfig:
-        """`enforce_eager` and `trust_remote_code` are accepted so vLLM call sites run unchanged:
-        tandem always runs eagerly and only runs its own model code."""
+               load_format: str = "auto",
+               compilation_config: Union[None, int, dict, CompilationConfig] = None,
+               cuda_graph_sizes: Optional[list[int]] = None, **unknown: Any) -> EngineConfig:
+        """`trust_remote_code` is accepted so vLLM call sites run unchanged: tandem only runs its
+        own model code. `enforce_eager`, `compilation_config` and `cuda_graph_sizes` are vLLM's
+        CUDA-graph settings (compilation_config.py)."""
         if unknown:
             names = [n for n in inspect.signature(EngineConfig.create).parameters if n != "unknown"]
             raise TypeError(f"Unexpected engine argument(s) {sorted(unknown)}; supported: {names}.")
         if not isinstance(model, str) or not model:
             raise ValueError(f"model must be a non-empty string, got {model!r}.")
+        if not isinstance(enforce_eager, bool):
+            raise ValueError(f"enforce_eager must be true or false, got {enforce_eager!r}.")
         dev = resolve_device(device)
         parallel = _parallel_config(tensor_parallel_size, nnodes, node_rank, master_addr,
                                     master_port)
@@ -144,9 +154,12 @@ class EngineConfig:
                                     else max(2048, 256 * (1 + k))),
             max_model_len=model_config.max_model_len, num_speculative_tokens=k,
             draft_has_own_blocks=bool(spec and spec.uses_vocab_mapping))
+        compilation = CompilationConfig.create(compilation_config, cuda_graph_sizes,
+                                               sched.max_num_seqs)
         cache = CacheConfig(block_size=block_size, enable_prefix_caching=enable_prefix_caching,
                             gpu_memory_utilization=gpu_memory_utilization,
                             kv_cache_memory_bytes=kv_cache_memory_bytes)
         return EngineConfig(model_config, cache, sched, parallel, dev, spec,
                             log_stats=not disable_log_stats, max_logprobs=max_logprobs,
-                            generation_config=generation_config)
+                            generation_config=generation_config, enforce_eager=enforce_eager,
+                            compilation_config=compilation)

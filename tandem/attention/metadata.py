@@ -13,6 +13,10 @@ into groups for SDPA (consecutive requests); each group is padded to [G, Qmax] q
 request. Decode and verification steps (a few queries each) share one group; each long prefill
 chunk gets its own, so padding never multiplies a prefill's cost. The groups are built on first
 use, once per forward, and shared by all layers.
+
+On the Triton path (CUDA, `kernels/triton_route.py`) the metadata carries `paged` instead: the
+unified kernel's int32 device view of the block tables (built by worker/graph_inputs.py, padded
+requests with 0 keys), and an int32 slot mapping where -1 skips a padded token's KV write.
 """
 
 from __future__ import annotations
@@ -69,6 +73,15 @@ class AttnGroup:
 
 
 @dataclass
+class PagedView:
+    """What the unified Triton attention kernel reads (int32, on the model's device)."""
+    block_tables: torch.Tensor     # [R, max_blocks] each request's blocks (unused tail: stale)
+    seq_lens: torch.Tensor         # [R] keys of each request, new tokens included (padding: 0)
+    query_start_loc: torch.Tensor  # [R + 1] first flat token of each request, then the total
+    padded: bool = False           # padding rows exist: attention zeroes its output first
+
+
+@dataclass
 class AttentionMetadata:
     slot_mapping: torch.Tensor  # [T] int64 cache slot where each new token's K/V is written
     num_tokens: int
@@ -82,6 +95,7 @@ class AttentionMetadata:
     block_size: int
     device: torch.device
     _groups: Optional[list[AttnGroup]] = None
+    paged: Optional[PagedView] = None  # the Triton path's view (then requests/kv_slots are None)
 
     @property
     def groups(self) -> list[AttnGroup]:

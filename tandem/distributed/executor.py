@@ -26,8 +26,9 @@ from tandem.distributed.errors import WorkerDiedError
 from tandem.distributed.launch import Launch, heartbeat_store, join
 from tandem.distributed.parallel_state import SINGLE
 from tandem.distributed.worker import HEARTBEAT_S, load_models, start_worker
+from tandem.worker.graph_runner import GraphRunner, make_runner
 from tandem.worker.kv_cache import allocate_kv_caches
-from tandem.worker.model_runner import ForwardBatch, run_model
+from tandem.worker.model_runner import ForwardBatch
 
 logger = logging.getLogger("tandem")
 ModelForward = Callable[[ForwardBatch, torch.Tensor], torch.Tensor]
@@ -38,17 +39,21 @@ class LocalExecutor:
     def __init__(self, config: Any) -> None:
         self.config = config
         self.models: dict[str, Optional[nn.Module]] = load_models(config, SINGLE)
+        self.runners = runners_for(config, self.models)
         self.failure: Optional[str] = None
 
     def allocate_kv(self, num_blocks: int) -> None:
+        """Bind every model's KV caches, then capture the target's CUDA graphs, which hold the
+        caches' addresses (graph_runner.py; nothing is captured without a plan)."""
         for model in self.models.values():
             if model is not None:
                 allocate_kv_caches(model, num_blocks, self.config.cache_config.block_size,
                                    self.config.model_config.dtype, self.config.device)
+        for runner in self.runners.values():
+            runner.capture()
 
     def forward(self, which: str) -> ModelForward:
-        model, block_size = self.models[which], self.config.cache_config.block_size
-        return lambda batch, rows: run_model(model, batch, block_size, rows)
+        return self.runners[which].run
 
     def shutdown(self) -> None:
         pass
@@ -70,6 +75,7 @@ class MultiprocExecutor(LocalExecutor):
         self.joined = join(0, launch, config.device)
         self._state["commands"] = self.joined.commands
         self.models = load_models(config, self.joined.group)
+        self.runners = runners_for(config, self.models)
         self.draft_parallel = (config.speculative_config is not None and
                                (config.speculative_config.draft_tensor_parallel_size or 1) > 1)
         # The monitor holds no reference to the executor, which can then be collected.
@@ -85,14 +91,14 @@ class MultiprocExecutor(LocalExecutor):
         super().allocate_kv(num_blocks)
 
     def forward(self, which: str) -> ModelForward:
-        model, block_size = self.models[which], self.config.cache_config.block_size
+        runner = self.runners[which]
         if which == "draft" and not self.draft_parallel:
-            return lambda batch, rows: run_model(model, batch, block_size, rows)
+            return runner.run
 
         def run(batch: ForwardBatch, rows: torch.Tensor) -> torch.Tensor:
             self._send(("forward", which, batch, rows))
             try:
-                return run_model(model, batch, block_size, rows)
+                return runner.run(batch, rows)
             except Exception as e:  # the other ranks are now in another collective, or gone
                 self._fail(f"a tensor-parallel forward failed on rank 0: {type(e).__name__}: {e}")
                 raise WorkerDiedError(self.failure) from e
@@ -167,6 +173,11 @@ def _shutdown(procs: dict[int, Any], state: dict[str, Any], stop: threading.Even
     if dist.is_initialized():
         dist.destroy_process_group()
     torch.set_num_threads(state["threads"])
+
+
+def runners_for(config: Any, models: dict[str, Optional[nn.Module]]) -> dict[str, GraphRunner]:
+    """Each loaded model's runner (its forward for the engine: eager or graphed)."""
+    return {which: make_runner(config, which, m) for which, m in models.items() if m is not None}
 
 
 def make_executor(config: Any) -> LocalExecutor:

@@ -25,8 +25,8 @@ from torch import nn
 
 from tandem.distributed.launch import Launch, heartbeat_store, join
 from tandem.distributed.parallel_state import SINGLE, TPGroup, building_for
+from tandem.worker.graph_runner import make_runner
 from tandem.worker.kv_cache import allocate_kv_caches
-from tandem.worker.model_runner import run_model
 
 logger = logging.getLogger("tandem")
 HEARTBEAT_S = 1.0
@@ -77,6 +77,9 @@ def worker_main(rank: int, launch: Launch, config: Any, threads: int) -> None:
     torch.set_num_threads(threads)
     joined = join(rank, launch, config.device)
     models = load_models(config, joined.group)
+    # eager runners (graphs run at one rank), so every rank takes rank 0's path for a batch
+    runners = {which: make_runner(config, which, m) for which, m in models.items()
+               if m is not None}
     num_blocks = receive(joined.commands)
     for model in models.values():
         if model is not None:
@@ -84,14 +87,13 @@ def worker_main(rank: int, launch: Launch, config: Any, threads: int) -> None:
                                config.model_config.dtype, config.device)
     stop = threading.Event()
     threading.Thread(target=_heartbeat, args=(launch, rank, stop), daemon=True).start()
-    block_size = config.cache_config.block_size
     try:
         while True:
             command = receive(joined.commands)
             if command[0] == "stop":
                 break
             _, which, batch, rows = command
-            run_model(models[which], batch, block_size, rows)
+            runners[which].run(batch, rows)
     finally:
         stop.set()
         time.sleep(0.05)

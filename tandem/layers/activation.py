@@ -1,4 +1,5 @@
-"""Gated MLP activations: act(gate) * up on a fused [.., 2 * inter] input."""
+"""Gated MLP activations: act(gate) * up on a fused [.., 2 * inter] input (the Triton kernel on
+the CUDA path, the fused CPU kernel in float32 on the CPU, else torch ops)."""
 
 from __future__ import annotations
 
@@ -6,9 +7,13 @@ import torch
 import torch.nn.functional as F
 
 from tandem.kernels import cpu as cpu_kernels
+from tandem.kernels import triton_route
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:  # [T, 2I] -> [T, I]
+    triton = triton_route.kernels_for(x)
+    if triton is not None and x.dim() == 2:
+        return triton.activation.silu_and_mul(x)
     fused = cpu_kernels.silu_and_mul(x)  # one pass on the CPU in float32
     if fused is not None:
         return fused
@@ -17,6 +22,9 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:  # [T, 2I] -> [T, I]
 
 
 def gelu_tanh_and_mul(x: torch.Tensor) -> torch.Tensor:  # [T, 2I] -> [T, I]
+    triton = triton_route.kernels_for(x)
+    if triton is not None and x.dim() == 2:
+        return triton.activation.gelu_tanh_and_mul(x)
     fused = cpu_kernels.gelu_tanh_and_mul(x)  # one pass on the CPU in float32
     if fused is not None:
         return fused

@@ -1,8 +1,13 @@
-"""Attention layer: writes K/V to this layer's slice of the paged cache and attends over it."""
+"""Attention layer: writes K/V to this layer's slice of the paged cache and attends over it.
+
+Three paths, chosen per call: on the Triton route (CUDA; kernels/triton_route.py) two kernels,
+q/k norm + rope + KV write, then unified paged attention over the block table, both reading only
+int32 device buffers (graph capturable); on the CPU in float32 the fused C kernels; else torch
+(rotate_qk, write_kv and the SDPA reference)."""
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 from torch import nn
@@ -10,6 +15,7 @@ from torch import nn
 from tandem.attention.context import get_forward_context
 from tandem.attention.sdpa_backend import paged_attention, write_kv
 from tandem.kernels import cpu as cpu_kernels
+from tandem.kernels import triton_route
 from tandem.layers.rotary import Rope, rotate_qk
 
 
@@ -42,6 +48,9 @@ class Attention(nn.Module):
         t = qkv.shape[0]
         h, hkv, d = self.num_heads, self.num_kv_heads, self.head_dim
         meta = get_forward_context()
+        triton = triton_route.kernels_for(qkv)
+        if triton is not None and meta.paged is not None:
+            return self._triton_qkv(triton, qkv, rope, q_norm, k_norm)
         if cpu_kernels.rope_write_kv(qkv, rope, meta.slot_mapping, self.k_cache, self.v_cache,
                                      h, hkv, d, q_norm, k_norm):
             q = qkv.view(t, h + 2 * hkv, d)[:, :h]  # rotated in place; k and v are cached
@@ -51,3 +60,43 @@ class Attention(nn.Module):
         heads = qkv.view(t, h + 2 * hkv, d)
         q, k = rotate_qk(heads, rope, h, q_norm, k_norm)
         return self.forward(q, k, heads[:, h + hkv:])
+
+    def _triton_qkv(self, triton: Any, qkv: torch.Tensor, rope: Rope,
+                    q_norm: Optional[nn.Module], k_norm: Optional[nn.Module]) -> torch.Tensor:
+        """The Triton path of forward_qkv: qkv [T, (H + 2 Hkv) D] -> [T, H * D]. Padded tokens
+        (slot -1) write no KV; padded requests (0 keys) read nothing."""
+        meta = get_forward_context()
+        paged = meta.paged
+        h, hkv, d = self.num_heads, self.num_kv_heads, self.head_dim
+        if not _same_norms(q_norm, k_norm):  # normalised here; the kernel rotates and writes
+            heads = qkv.view(qkv.shape[0], h + 2 * hkv, d)
+            if q_norm is not None:
+                heads[:, :h] = q_norm(heads[:, :h])
+            if k_norm is not None:
+                heads[:, h:h + hkv] = k_norm(heads[:, h:h + hkv])
+            q_norm = k_norm = None
+        cos, sin = rope  # [T, 1, D] each
+        q = triton.rope_kv.rope_write_kv(  # [T, H, D], rotated in place in qkv
+            qkv, cos, sin, meta.slot_mapping, self.k_cache, self.v_cache, h, hkv, d,
+            q_norm.weight if q_norm is not None else None,
+            k_norm.weight if k_norm is not None else None,
+            q_norm.eps if q_norm is not None else 1e-6,
+            bool(q_norm is not None and q_norm.unit_offset))
+        # Padded rows are left unwritten by the kernel: zeroed, so they stay finite (one memset,
+        # in graphed steps only, where launches cost nothing extra).
+        out = q.new_zeros(q.shape) if paged.padded else None
+        out = triton.paged_attention.unified_attention(  # [T, H, D]
+            q, self.k_cache, self.v_cache, paged.block_tables, paged.seq_lens,
+            paged.query_start_loc, meta.block_size, self.scale, self.sliding_window,
+            self.softcap, out=out)
+        return out.reshape(qkv.shape[0], h * d)
+
+
+def _same_norms(q_norm: Optional[nn.Module], k_norm: Optional[nn.Module]) -> bool:
+    """Whether the fused kernel can apply both: one eps and one weight form for q and k (every
+    model's case; Olmo 2 normalises its whole projection before this layer and passes none)."""
+    if q_norm is None or k_norm is None:
+        return q_norm is None and k_norm is None
+    return (getattr(q_norm, "eps", None) == getattr(k_norm, "eps", None) is not None
+            and getattr(q_norm, "unit_offset", None) == getattr(k_norm, "unit_offset", None)
+            and q_norm.weight.dim() == 1)

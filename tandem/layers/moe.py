@@ -63,6 +63,10 @@ def _weight(module: nn.Module):
 
 
 class SparseMoeBlock(nn.Module):
+    # Reads each expert's row count on the host mid-step (one sync), which a CUDA graph cannot
+    # hold: worker/graph_runner.py runs such models eagerly.
+    syncs_host = True
+
     def __init__(self, hidden: int, intermediate: int, num_experts: int, top_k: int,
                  renormalize: bool, act: str) -> None:
         super().__init__()

@@ -1,4 +1,5 @@
-"""RMSNorm, with Gemma's (1 + weight) variant."""
+"""RMSNorm, with Gemma's (1 + weight) variant: the Triton kernel on the CUDA path
+(kernels/triton_route.py), the fused CPU kernel in float32 on the CPU, else torch ops."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tandem.kernels import cpu as cpu_kernels
+from tandem.kernels import triton_route
 
 
 class RMSNorm(nn.Module):
@@ -21,6 +23,9 @@ class RMSNorm(nn.Module):
                                    requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., dim]
+        triton = triton_route.kernels_for(x)
+        if triton is not None and x.dim() == 2 and x.stride(-1) == 1:
+            return triton.norm.rms_norm(x, self.weight, self.eps, self.unit_offset)
         if x.dtype == torch.float32:
             fused = cpu_kernels.rms_norm(x, self.weight, self.eps, self.unit_offset)
             if fused is not None:
@@ -39,7 +44,12 @@ class RMSNorm(nn.Module):
             residual: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """The residual stream's add fused with this norm: (norm(residual + x), residual + x),
         with residual None meaning x starts the stream. On the CPU in float32 one kernel does
-        both, writing the sum into `residual` in place."""
+        both, writing the sum into `residual` in place (the Triton kernel too, and with residual
+        None it hands x itself on as the stream, which the next add then writes)."""
+        triton = triton_route.kernels_for(x)
+        if triton is not None and x.dim() == 2 and x.stride(-1) == 1 and (
+                residual is None or residual.stride(-1) == 1):
+            return triton.norm.add_rms_norm(x, residual, self.weight, self.eps, self.unit_offset)
         fused = cpu_kernels.add_rms_norm(x, residual, self.weight, self.eps, self.unit_offset)
         if fused is not None:
             return fused

@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from tandem.kernels import cpu as cpu_kernels
+from tandem.kernels import triton_route
 from tandem.layers.cpu_matmul_weights import apply_cpu_matmul_mode
 from tandem.layers.quantized import finish_quantized, quantized_build
 from tandem.loader.weights import iter_weights
@@ -20,6 +21,7 @@ logger = logging.getLogger("tandem")
 def load_model(mc: Any, device: torch.device) -> nn.Module:
     try:
         cpu_kernels.configure(device)  # first: quantized weights need the kernels at load
+        triton_route.configure(device)  # CUDA: the Triton kernels where triton runs
         mode = _quantization(mc)
         weights = (iter_weights(mc.model_dir, mc.gguf_file, mc.hf_config,
                                 keep_quantized=mode == "gguf")

@@ -161,7 +161,7 @@ class SpeculativeConfig:
                 raise ValueError(f"speculative_config['enforce_eager'] must be true or false, got "
                                  f"{self.enforce_eager!r}.")
             logger.info("speculative_config['enforce_eager']=%s has no effect in tandem: the "
-                        "draft always runs eagerly (there are no CUDA graphs to capture).",
+                        "draft always runs eagerly (only the target's steps are graphed).",
                         self.enforce_eager)
         if self.code_revision is not None:
             if not isinstance(self.code_revision, str):

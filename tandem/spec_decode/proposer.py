@@ -77,7 +77,7 @@ class DraftProposer:
         batch = make_batch([self.inputs.token_ids(r)[r.draft.num_computed_tokens:e]
                             for r, _, e, _ in todo],
                            [r.draft.num_computed_tokens for r, _, _, _ in todo],
-                           [t for _, t, _, _ in todo], self.device)
+                           [t for _, t, _, _ in todo])
         last_rows, offset = [], 0
         for q in batch.query_lens:
             offset += q
@@ -129,7 +129,7 @@ class DraftProposer:
                         feeds[i].append(fed[i])
                     batch = make_batch([[fed[i]] for i in live],
                                        [active[i][2] + step - 1 for i in live],
-                                       [active[i][1] for i in live], self.device)
+                                       [active[i][1] for i in live])
                     logits = self.forward(batch, torch.arange(len(live), dtype=torch.long))
                     sub = md.select(live).shifted(step)  # drafting the token `step` places on
                 else:

@@ -33,36 +33,39 @@ class RunnerOutput:
 
 @dataclass
 class ForwardBatch:
-    input_ids: torch.Tensor   # [T]
-    positions: torch.Tensor   # [T]
+    input_ids: torch.Tensor   # [T] int64, on the host
+    positions: torch.Tensor   # [T] int64, on the host
     query_lens: list[int]
     seq_lens: list[int]
     block_tables: list[list[int]]
 
 
 def run_model(model: nn.Module, batch: ForwardBatch, block_size: int,
-              logits_rows: torch.Tensor) -> torch.Tensor:
-    """Forward `batch` through `model` and return logits for the flat rows `logits_rows`."""
+              logits_rows: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """Forward `batch` through `model` on `device` and return logits for the flat rows
+    `logits_rows` (the path off the Triton route: worker/graph_runner.py chooses)."""
     meta = build_attention_metadata(batch.query_lens, batch.seq_lens, batch.block_tables,
-                                    block_size, batch.input_ids.device)
+                                    block_size, device)
     with forward_context(meta), torch.inference_mode():
-        hidden = model(batch.input_ids, batch.positions)          # [T, hidden]
+        hidden = model(batch.input_ids.to(device), batch.positions.to(device))  # [T, hidden]
         # index_select, not fancy indexing: the latter is several times slower on CPU. Callers
         # build the row list on the host; on CUDA it must follow the hidden states there.
         rows = logits_rows.to(hidden.device, non_blocking=True)
         return model.compute_logits(hidden.index_select(0, rows)).float()  # [N, vocab]
 
 
-def make_batch(token_ids: list[list[int]], starts: list[int], block_tables: list[list[int]],
-               device: torch.device) -> ForwardBatch:
-    """Request i computes token_ids[i] at positions starts[i], starts[i] + 1, ..."""
+def make_batch(token_ids: list[list[int]], starts: list[int],
+               block_tables: list[list[int]]) -> ForwardBatch:
+    """Request i computes token_ids[i] at positions starts[i], starts[i] + 1, ... The tensors
+    stay on the host: the graph runner copies them into its device buffers, or run_model moves
+    them (nothing is read back from a device)."""
     flat_ids: list[int] = []
     positions: list[int] = []
     for ids, start in zip(token_ids, starts):
         flat_ids.extend(ids)
         positions.extend(range(start, start + len(ids)))
-    return ForwardBatch(torch.tensor(flat_ids, dtype=torch.long, device=device),
-                        torch.tensor(positions, dtype=torch.long, device=device),
+    return ForwardBatch(torch.tensor(flat_ids, dtype=torch.long),
+                        torch.tensor(positions, dtype=torch.long),
                         [len(ids) for ids in token_ids],
                         [s + len(ids) for ids, s in zip(token_ids, starts)], block_tables)
 
@@ -72,7 +75,8 @@ class ModelRunner:
                  device: torch.device, vocab_size: int, tokenizer,
                  rejection_sampler: Optional[RejectionSampler] = None,
                  sampler: Optional[Sampler] = None) -> None:
-        self.forward = forward  # the executor's target forward (every rank, in lockstep)
+        # the executor's target forward: its graph runner (every rank, in lockstep)
+        self.forward = forward
         self.device = device
         self.vocab_size = vocab_size
         self.tokenizer = tokenizer
@@ -83,7 +87,7 @@ class ModelRunner:
         out = RunnerOutput()
         items = sched.scheduled
         batch = make_batch([s.token_ids for s in items], [s.start for s in items],
-                           [s.block_table for s in items], self.device)
+                           [s.block_table for s in items])
         # Which flat rows need logits: all verified positions of requests with drafts, the last
         # position of requests whose prompt is complete, every position for prompt logprobs.
         rows: list[int] = []
@@ -105,7 +109,7 @@ class ModelRunner:
         if not rows:
             self.forward(batch, torch.zeros(0, dtype=torch.long))
             return out
-        logits = self.forward(batch, torch.tensor(rows, dtype=torch.long, device=self.device))
+        logits = self.forward(batch, torch.tensor(rows, dtype=torch.long))  # host: no sync
         logits = logits[:, :self.vocab_size]
         logits = _apply_grammars(logits, sample_items)
         for s, first in prompt_lp_items:

@@ -1,13 +1,13 @@
 """Values of `tandem serve` flags, parsed as vLLM parses them: `_` or `-` in flag names, sizes
-like `1k` or `4GiB`, and the JSON of `--speculative-config` merged with its dotted forms
-(`--speculative-config.model X`)."""
+like `1k` or `4GiB`, and the JSON of `--speculative-config` and `--compilation-config` merged
+with their dotted forms (`--speculative-config.model X`)."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import re
-from typing import Any, Optional, Sequence
+from typing import Any, Optional, Sequence, Union
 
 
 class ArgumentError(Exception):
@@ -69,15 +69,29 @@ def json_value(text: str) -> Any:
 
 def parse_speculative_config(text: Optional[str], dotted: dict[str, str]) -> Optional[dict]:
     """Parse the JSON flag (keys with `-` become `_`) and merge `--speculative-config.KEY` forms."""
+    return parse_json_flag("--speculative-config", text, dotted)
+
+
+def parse_compilation_config(text: Optional[str],
+                             dotted: dict[str, str]) -> Union[None, int, dict]:
+    """`--compilation-config` / `-O`: an optimization level (`-O3`, which the engine logs as
+    having no effect) or JSON of vLLM's keys, with `--compilation-config.KEY` forms merged."""
+    if text is not None and text.strip().isdigit() and not dotted:
+        return int(text)
+    return parse_json_flag("--compilation-config", text, dotted)
+
+
+def parse_json_flag(flag: str, text: Optional[str], dotted: dict[str, str]) -> Optional[dict]:
+    """A JSON-object flag (keys with `-` become `_`) merged with its `FLAG.KEY VALUE` forms."""
     config: dict[str, Any] = {}
     if text is not None:
         try:
             value = json.loads(text)
         except json.JSONDecodeError as e:
-            raise ArgumentError(f"--speculative-config is not valid JSON ({e.msg} at column "
+            raise ArgumentError(f"{flag} is not valid JSON ({e.msg} at column "
                                 f"{e.colno}): {text}") from None
         if not isinstance(value, dict):
-            raise ArgumentError(f"--speculative-config must be a JSON object, got: {text}")
+            raise ArgumentError(f"{flag} must be a JSON object, got: {text}")
         config.update(value)
     for key, raw in dotted.items():
         config[key] = json_value(raw)

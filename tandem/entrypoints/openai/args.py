@@ -15,7 +15,8 @@ from typing import Any, Optional, Sequence
 
 from tandem.entrypoints.openai.arg_values import (ArgumentError, extract_dotted, json_value,
                                                    normalize_argv, parse_bytes,
-                                                   parse_max_model_len, parse_speculative_config)
+                                                   parse_compilation_config, parse_max_model_len,
+                                                   parse_speculative_config)
 from tandem.entrypoints.openai.serve_flags import (add_compat_flags, check_compat_flags,
                                                    config_file_args)
 
@@ -127,6 +128,16 @@ def make_serve_parser(parser: Optional[argparse.ArgumentParser] = None) -> argpa
     p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
                    default=True, help="reuse KV blocks of shared prompt prefixes (on)")
     p.add_argument("--device", default="auto", help="auto, cpu or cuda[:N]")
+    p.add_argument("--enforce-eager", action=argparse.BooleanOptionalAction, default=False,
+                   help="never capture CUDA graphs (by default, on CUDA with the Triton kernels, "
+                        "decode and verification steps replay graphs; the CPU has none)")
+    p.add_argument("-O", "--compilation-config", default=None,
+                   help='CUDA graphs, vLLM\'s keys as JSON: {"cudagraph_capture_sizes": '
+                        '[1, 2, 4, 8]}, max_cudagraph_capture_size, cudagraph_mode (NONE: '
+                        'off); or an optimization level (-O3: no effect, nothing is compiled)')
+    p.add_argument("--cuda-graph-sizes", type=int, nargs="+", default=None,
+                   help="batch sizes to capture: one value N for 1, 2, 4, 8, 16, ..., N; several "
+                        "for those (default: that pattern up to --max-num-seqs)")
     p.add_argument("--generation-config", default="auto",
                    help="defaults for omitted sampling fields: auto (the model's "
                         "generation_config.json), vllm (none), or a folder holding one")
@@ -191,6 +202,7 @@ def parse_serve_args(argv: Sequence[str]) -> argparse.Namespace:
     except ValueError as e:
         raise ArgumentError(str(e)) from None
     normalized, dotted = extract_dotted(normalize_argv(argv), "--speculative-config")
+    normalized, compile_dotted = extract_dotted(normalized, "--compilation-config")
     args = make_serve_parser().parse_args(normalized)
     # The positional model wins over --model (and so over a --config file's `model:`), as in vLLM.
     args.model = args.model_tag or args.model_flag
@@ -204,6 +216,7 @@ def parse_serve_args(argv: Sequence[str]) -> argparse.Namespace:
         args.enable_log_requests = False
     _check_tool_flags(args)
     args.speculative_config = parse_speculative_config(args.speculative_config, dotted)
+    args.compilation_config = parse_compilation_config(args.compilation_config, compile_dotted)
     if (args.speculative_config or {}).get("rejection_sample_method") == "synthetic" \
             and not args.allow_synthetic_acceptance:
         raise ArgumentError("rejection_sample_method 'synthetic' accepts drafts at set rates "
@@ -247,7 +260,9 @@ def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
                 speculative_config=args.speculative_config, revision=args.revision,
                 block_size=args.block_size, quantization=args.quantization,
                 kv_cache_dtype=args.kv_cache_dtype, max_logprobs=args.max_logprobs,
-                generation_config=args.generation_config, load_format=args.load_format)
+                generation_config=args.generation_config, load_format=args.load_format,
+                enforce_eager=args.enforce_eager, compilation_config=args.compilation_config,
+                cuda_graph_sizes=args.cuda_graph_sizes)
 
 
 def one_line(error: BaseException) -> str:

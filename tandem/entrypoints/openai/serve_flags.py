@@ -19,14 +19,14 @@ logger = logging.getLogger("tandem")
 
 # flag -> why it changes nothing here (accepted, logged when given).
 NO_EFFECT = {
-    "--enforce-eager": "tandem always runs eagerly (no CUDA graphs or compilation to disable)",
     "--trust-remote-code": "tandem runs only its own model code, never a checkpoint's",
     "--enable-chunked-prefill": "chunked prefill is always on",
     "--disable-frontend-multiprocessing": "the API server and the engine share one process",
     "--async-scheduling": "scheduling is synchronous with each step",
     "--disable-custom-all-reduce": "collectives are torch.distributed's own",
     "--swap-space": "preemption recomputes; nothing is swapped to CPU memory",
-    "--max-seq-len-to-capture": "there are no CUDA graphs to capture",
+    "--max-seq-len-to-capture": "CUDA graphs capture decode and verification steps at every "
+                                "context length",
     "--disable-fastapi-docs": "kept: /docs and /openapi.json describe the API",
     "--enable-reasoning": "deprecated by vLLM 0.9 and removed in 0.10: --reasoning-parser alone "
                           "turns reasoning output on",
