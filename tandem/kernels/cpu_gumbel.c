@@ -111,15 +111,15 @@ static int64_t row_argmax(const float *s, int64_t vocab, uint64_t key, const int
  * candidates are i = start[r] .. start[r + 1] - 1, in ascending column order, with scores[i]
  * float32 (-inf where forbidden, one finite per row at least), ids[i] the token whose noise it
  * reads (a TLI draft's columns read their target twins') and cols[i] its column; keys [rows]
- * int64 (64-bit noise keys); out[r] = the winning cols[i]. */
+ * int64 (64-bit noise keys); out[r] = the winning cols[i] (0 for a row without candidates). */
 void tandem_gumbel_argmax_sparse(const float *scores, const int64_t *start, const int64_t *ids,
                                  const int64_t *cols, int64_t rows, const int64_t *keys,
                                  int64_t *out, int threads) {
     init_table();
 #pragma omp parallel for num_threads(threads) if (rows > 1 && threads > 1) schedule(static)
     for (int64_t r = 0; r < rows; r++) {
-        const int64_t a = start[r];
-        out[r] = cols[a + row_argmax(scores + a, start[r + 1] - a, (uint64_t)keys[r], ids + a)];
+        const int64_t a = start[r], n = start[r + 1] - a;
+        out[r] = n > 0 ? cols[a + row_argmax(scores + a, n, (uint64_t)keys[r], ids + a)] : 0;
     }
 }
 

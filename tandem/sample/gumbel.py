@@ -121,7 +121,9 @@ def gumbel_sample(probs: torch.Tensor, keys: torch.Tensor,
     # log p_v < log p_top + g_top - G_MAX loses to the top column whatever v's noise; 1e-3
     # covers the rounding of the logarithms and of the floor (extra candidates change nothing).
     floor = (torch.log(top.double()) + g_top - G_MAX - 1e-3).exp().to(probs.dtype)  # [B]
-    rows, cols = (probs >= floor.unsqueeze(1)).nonzero(as_tuple=True)       # [C] each
+    # A row with a NaN (a broken draft, say) has a NaN top and floor: its NaN columns are its
+    # candidates, and the first of them wins, as in the whole row's argmax.
+    rows, cols = ((probs >= floor.unsqueeze(1)) | probs.isnan()).nonzero(as_tuple=True)  # [C]
     scores = torch.log(probs[rows, cols])                                    # [C]
     if probs.is_cpu:
         start = torch.zeros(num_rows + 1, dtype=torch.int64)

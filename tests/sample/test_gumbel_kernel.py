@@ -68,3 +68,16 @@ def test_the_kernel_is_a_sampler_that_follows_the_probabilities() -> None:
     keys = torch.arange(n, dtype=torch.int64) * 0x9E3779B97F4A7C15 % (2 ** 61)
     counts = torch.bincount(gumbel_sample(p.expand(n, 4).contiguous(), keys), minlength=4)
     assert torch.allclose(counts / n, p, atol=0.015), counts
+
+
+def test_a_row_with_nan_takes_its_first_nan_as_the_whole_row_would() -> None:
+    """A broken distribution (a NaN row from a draft gone wrong) must not crash the draw: the
+    whole row's argmax would take its first NaN column, and so does gumbel_sample."""
+    probs, keys = _rows(3, 100, 1.0, seed=7)
+    probs[0] = float("nan")
+    probs[1, [40, 7]] = float("nan")
+    got = gumbel_sample(probs, keys)
+    assert got[:2].tolist() == [0, 7]
+    assert torch.equal(got[2:], _reference(probs[2:], keys[2:]))
+    everything_nan = torch.full((2, 50), float("nan"))
+    assert gumbel_sample(everything_nan, keys[:2]).tolist() == [0, 0]
