@@ -1,19 +1,18 @@
-"""One quantized matmul, timed in both weight layouts: GGUF's rows and 16 rows interleaved.
+"""One quantized matmul, timed (weights interleaved 16 rows at a time, the kernels' one layout).
 
     .venv/bin/python benchmarks/bench_quant_matmul.py --shapes Q4_K:12288:4096,Q8_0:3072:576 \
         --rows 1,5,16 --threads 2 --rounds 5
 
 Each shape is `TYPE:OUT:IN` with random blocks of that ggml type (float16 scales kept in a sane
-range). The two layouts take turns in every round (the host drifts more than they differ); each
-figure is the median over rounds of the best of `--reps` calls. Prints microseconds per call,
-interleaved against rows as a ratio, and the weight's bytes per microsecond at one x row, with
-the CPU named. A kernel-level figure: the engine's own speeds come from `tandem bench`.
+range). Each figure is the median over rounds of the best of `--reps` calls. Prints microseconds
+per call and the weight's bytes per microsecond at one x row, with the CPU named (GGUF's row
+order, which it once timed beside, is retired: benchmarks/LOG.md has those ratios). A
+kernel-level figure: the engine's own speeds come from `tandem bench`.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import time
@@ -33,9 +32,8 @@ from tandem.layers.quantized import QuantizedWeight, RawQuant  # noqa: E402
 
 from models.test_quantized_kernels import random_blocks  # noqa: E402
 
-def random_weight(name: str, out: int, k: int, layout: str) -> QuantizedWeight:
-    """Random blocks of `name` with sane float16 scales (the kernel tests' own), in `layout`."""
-    os.environ["TANDEM_QUANT_LAYOUT"] = layout  # read when the weight is built
+def random_weight(name: str, out: int, k: int) -> QuantizedWeight:
+    """Random blocks of `name` with sane float16 scales (the kernel tests' own)."""
     return QuantizedWeight([RawQuant(quant.KERNEL_TYPES[name], random_blocks(name, out, k), k,
                                      name)])
 
@@ -62,23 +60,16 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     cpu_kernels.configure(torch.device("cpu"))  # builds or loads the kernel library
     print(cpu_line(cpu()), f"| {args.threads} threads")
-    print(f"{'shape':>18} {'x rows':>6} {'rows us':>9} {'interleaved us':>15} {'ratio':>6} "
-          f"{'MB/ms (1 row)':>14}")
+    print(f"{'shape':>18} {'x rows':>6} {'us':>9} {'MB/ms (1 row)':>14}")
     for shape in args.shapes.split(","):
         name, out, k = shape.split(":")
         out, k = int(out), int(k)
-        weights = {lay: random_weight(name, out, k, lay) for lay in ("rows", "interleaved")}
+        w = random_weight(name, out, k)
         for m in (int(r) for r in args.rows.split(",")):
             x = torch.randn(m, k)
-            times: dict[str, list[float]] = {lay: [] for lay in weights}
-            for _ in range(args.rounds):
-                for lay, w in weights.items():
-                    times[lay].append(best_us(w, x, args.reps))
-            med = {lay: statistics.median(t) for lay, t in times.items()}
-            rate = weights["interleaved"].nbytes / med["interleaved"] / 1e3 if m == 1 else None
-            print(f"{shape:>18} {m:>6} {med['rows']:>9.1f} {med['interleaved']:>15.1f} "
-                  f"{med['rows'] / med['interleaved']:>5.2f}x "
-                  f"{'' if rate is None else f'{rate:.1f}':>14}")
+            med = statistics.median(best_us(w, x, args.reps) for _ in range(args.rounds))
+            rate = w.nbytes / med / 1e3 if m == 1 else None
+            print(f"{shape:>18} {m:>6} {med:>9.1f} {'' if rate is None else f'{rate:.1f}':>14}")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Compiling and loading the CPU kernels (cpu_kernels.c, cpu_attention.c, cpu_gemm.c,
-cpu_decoder.c, cpu_decoder_gemma.c, cpu_quant.c, cpu_quant_direct.c, cpu_quant_half.c,
-cpu_quantize.c, cpu_gumbel.c) here.
+cpu_decoder.c, cpu_decoder_gemma.c, cpu_quant.c, cpu_quant_half.c, cpu_quantize.c,
+cpu_gumbel.c) here.
 
 `TANDEM_CPU_KERNELS` chooses: `auto` (the default) compiles them with the system C compiler for
 this CPU (`-march=native`) the first time and falls back to torch ops, with one log line saying
@@ -43,7 +43,7 @@ logger = logging.getLogger("tandem")
 MODES = ("auto", "c", "torch")
 HERE = Path(__file__).parent
 HEADERS = [HERE / "vec.h", HERE / "vmath.h", HERE / "kernels.h", HERE / "f16.h",
-           HERE / "quant_format.h", HERE / "quant_direct.h", HERE / "decoder_scratch.h",
+           HERE / "quant_format.h", HERE / "quant_r16_c.h", HERE / "decoder_scratch.h",
            HERE / "quant_r16_vec.h"]
 SOURCES = {HERE / "cpu_kernels.c": ["-ffp-contract=off"],
            HERE / "cpu_attention.c": ["-ffp-contract=fast"],
@@ -52,7 +52,6 @@ SOURCES = {HERE / "cpu_kernels.c": ["-ffp-contract=off"],
            HERE / "cpu_decoder_gemma.c": ["-ffp-contract=off"],
            HERE / "cpu_quant.c": ["-ffp-contract=off"],
            HERE / "cpu_quant_x.c": ["-ffp-contract=off"],
-           HERE / "cpu_quant_direct.c": ["-ffp-contract=off"],
            HERE / "cpu_quant_half.c": ["-ffp-contract=off"],
            HERE / "cpu_quant_pack.c": ["-ffp-contract=off"],
            HERE / "cpu_quant_r16.c": ["-ffp-contract=off"],

@@ -1,5 +1,7 @@
 /* Weights interleaved 16 rows at a time (cpu_quant_r16.c multiplies them), and rows of any
  * quantized table as float32 (tandem_q_rows: embedding gathers, the reference dequantization).
+ * move_block is the one place in the kernels that reads a GGUF block's bytes: the kernel and
+ * group_row read the layout it writes.
  *
  * The interleaved layout keeps a tensor's bytes, reordered (Q4_K's packed 6-bit scales are
  * stored one byte each: 148 bytes a row-block instead of 144). For 16 rows and one block
@@ -23,128 +25,83 @@
  * are zero (scale 0: they add nothing and are never stored).
  */
 #include "kernels.h"
-#include "quant_direct.h"
 #include "quant_format.h"
 
-/* Bytes of 16 interleaved rows of k elements; 0 where this build does not interleave `type`
- * (cpu_quant_r16.c reads it with AVX-512 VNNI, or AVX2 with FMA and F16C). */
+/* Bytes of 16 interleaved rows of k elements; 0 for a type that is never interleaved (F16,
+ * BF16) or a k its blocks do not divide. */
 int64_t tandem_q_r16_bytes(int type, int64_t k) {
     int64_t block = q_block(type), bb = q_r16_block_bytes(type);
-    if (!R16_KERNEL || !bb || k <= 0 || k % block) return 0;
+    if (!bb || k <= 0 || k % block) return 0;
     return k / block * bb;
 }
 
-/* 4-byte words: word w of row r within a run of 64-byte vectors at v. */
-static inline uint8_t *word(uint8_t *v, int64_t w, int r) { return v + 64 * w + 4 * r; }
+/* Byte b of a row's quant bytes (qs, or Q6_K's ql then qh, in the file's order) in a run of
+ * 64-byte vectors at v: byte b % 4 of row r's word b / 4 (row r's 4 bytes of word w at 64 w +
+ * 4 r). */
+#define QBYTE(v, b, r) ((v)[64 * ((b) / 4) + 4 * (r) + (b) % 4])
 
-/* Q5's fifth bits of 32 elements, bit e for element e <-> bit 8i + w for element 4w + i. */
+/* The 6-bit scale and min j of a Q4_K/Q5_K block (12 packed bytes). */
+static inline void k_scale_min(const uint8_t *q, int j, int *sc, int *mn) {
+    if (j < 4) {
+        *sc = q[j] & 63;
+        *mn = q[j + 4] & 63;
+    } else {
+        *sc = (q[j + 4] & 0xF) | (q[j - 4] >> 6) << 4;
+        *mn = (q[j + 4] >> 4) | (q[j] >> 6) << 4;
+    }
+}
+
+/* Q5's fifth bits of 32 elements: bit e for element e -> bit 8i + w for element 4w + i. */
 static uint32_t q5_spread(uint32_t h) {
     uint32_t out = 0;
     for (int w = 0; w < 8; w++)
         for (int i = 0; i < 4; i++) out |= ((h >> (4 * w + i)) & 1u) << (8 * i + w);
     return out;
 }
-static uint32_t q5_gather(uint32_t hp) {
-    uint32_t out = 0;
-    for (int w = 0; w < 8; w++)
-        for (int i = 0; i < 4; i++) out |= ((hp >> (8 * i + w)) & 1u) << (4 * w + i);
-    return out;
-}
 
-/* A K-quant's d, dmin and 6-bit scales and mins (at p + 4) <-> bytes in the group block. */
-static void k_heads(uint8_t *p, uint8_t *g, int r, int to_group) {
-    if (to_group) {
+/* One GGUF block p of row r into its place in the group block g. */
+static void move_block(int type, const uint8_t *p, uint8_t *g, int r) {
+    switch (type) {
+    case T_Q4_0: case T_Q4_1: case T_Q5_0: case T_Q5_1: case T_Q8_0: {
+        const int one = type == T_Q4_1 || type == T_Q5_1, five = type == T_Q5_0 || type == T_Q5_1;
+        const int head = 32 * (1 + one); /* d (and m) of the 16 rows; then Q5's qh', the qs */
+        memcpy(g + 2 * r, p, 2);
+        if (one) memcpy(g + 32 + 2 * r, p + 2, 2);
+        if (five) {
+            uint32_t h;
+            memcpy(&h, p + 2 + 2 * one, 4);
+            h = q5_spread(h);
+            memcpy(g + head + 4 * r, &h, 4);
+        }
+        const uint8_t *qs = p + 2 + 2 * one + 4 * five;
+        for (int b = 0; b < (type == T_Q8_0 ? 32 : 16); b++) /* Q8_0: q + 128 for vpdpbusd */
+            QBYTE(g + head + 64 * five, b, r) = (uint8_t)(type == T_Q8_0 && !R16_Q8_SIGNED
+                                                           ? qs[b] ^ 0x80 : qs[b]);
+        break;
+    }
+    case T_Q4_K: case T_Q5_K: {
+        const int k5 = type == T_Q5_K; /* qh [32] at p + 16: byte l bit j, element 32 j + l's */
         memcpy(g + 2 * r, p, 2), memcpy(g + 32 + 2 * r, p + 2, 2);
         for (int j = 0; j < 8; j++) {
             int sc, mn;
             k_scale_min(p + 4, j, &sc, &mn);
             g[64 + 16 * j + r] = (uint8_t)sc, g[192 + 16 * j + r] = (uint8_t)mn;
-        }
-        return;
-    }
-    memcpy(p, g + 2 * r, 2), memcpy(p + 2, g + 32 + 2 * r, 2);
-    const uint8_t *sc = g + 64 + r, *mn = g + 192 + r;  /* k_scale_min's packing, inverted */
-    for (int j = 0; j < 4; j++) {
-        p[4 + j] = (uint8_t)(sc[16 * j] | (sc[16 * (j + 4)] >> 4) << 6);
-        p[8 + j] = (uint8_t)(mn[16 * j] | (mn[16 * (j + 4)] >> 4) << 6);
-        p[12 + j] = (uint8_t)((sc[16 * (j + 4)] & 15) | (mn[16 * (j + 4)] & 15) << 4);
-    }
-}
-
-/* One block of row r: original bytes p <-> group block g; to_group picks the direction. */
-static void move_block(int type, uint8_t *p, uint8_t *g, int r, int to_group) {
-#define MOVE(dst_in_group, src_in_block, n)                                   \
-    do {                                                                      \
-        if (to_group) memcpy((dst_in_group), (src_in_block), (n));           \
-        else memcpy((src_in_block), (dst_in_group), (n));                    \
-    } while (0)
-    switch (type) {
-    case T_Q4_0: case T_Q4_1: {
-        int qs = type == T_Q4_0 ? 2 : 4;
-        MOVE(g + 2 * r, p, 2);
-        if (type == T_Q4_1) MOVE(g + 32 + 2 * r, p + 2, 2);
-        for (int v = 0; v < 4; v++) MOVE(word(g + 16 * qs, v, r), p + qs + 4 * v, 4);
-        break;
-    }
-    case T_Q5_0: case T_Q5_1: {
-        const int one = type == T_Q5_0 ? 0 : 1;  /* Q5_1 has m after d */
-        uint8_t *qh = g + 32 * (1 + one) + 4 * r;
-        MOVE(g + 2 * r, p, 2);
-        if (one) MOVE(g + 32 + 2 * r, p + 2, 2);
-        uint32_t h, hp;
-        if (to_group) {
-            memcpy(&h, p + 2 + 2 * one, 4);
-            hp = q5_spread(h);
-            memcpy(qh, &hp, 4);
-        } else {
-            memcpy(&hp, qh, 4);
-            h = q5_gather(hp);
-            memcpy(p + 2 + 2 * one, &h, 4);
-        }
-        for (int v = 0; v < 4; v++)
-            MOVE(word(g + 32 * (1 + one) + 64, v, r), p + 6 + 2 * one + 4 * v, 4);
-        break;
-    }
-    case T_Q8_0:
-        MOVE(g + 2 * r, p, 2);
-        for (int v = 0; v < 8; v++) {  /* q + 128 (unsigned) where vpdpbusd reads it */
-            uint8_t *w = word(g + 32, v, r), *q = p + 2 + 4 * v;
-            const uint8_t flip = R16_Q8_SIGNED ? 0 : 0x80;
-            for (int i = 0; i < 4; i++) {
-                if (to_group) w[i] = q[i] ^ flip;
-                else q[i] = w[i] ^ flip;
-            }
-        }
-        break;
-    case T_Q4_K:
-        k_heads(p, g, r, to_group);
-        for (int v = 0; v < 32; v++) MOVE(word(g + 320, v, r), p + 16 + 4 * v, 4);
-        break;
-    case T_Q5_K:  /* qh [32] at p + 16: byte l bit j is element 32 j + l's fifth bit */
-        k_heads(p, g, r, to_group);
-        for (int j = 0; j < 8; j++) {
-            uint8_t *qh = g + 320 + 64 * j + 4 * r;
-            uint32_t h = 0, hp;
-            if (to_group) {
+            if (k5) {
+                uint32_t h = 0;
                 for (int l = 0; l < 32; l++) h |= (uint32_t)((p[16 + l] >> j) & 1) << l;
-                hp = q5_spread(h);
-                memcpy(qh, &hp, 4);
-            } else {
-                memcpy(&hp, qh, 4);
-                h = q5_gather(hp);
-                for (int l = 0; l < 32; l++) p[16 + l] |= (uint8_t)(((h >> l) & 1) << j);
+                h = q5_spread(h);
+                memcpy(g + 320 + 64 * j + 4 * r, &h, 4);
             }
         }
-        for (int v = 0; v < 32; v++) MOVE(word(g + 832, v, r), p + 48 + 4 * v, 4);
-        break;
-    case T_Q6_K:
-        MOVE(g + 2 * r, p + 208, 2);
-        for (int s = 0; s < 16; s++) MOVE(g + 32 + 16 * s + r, p + 192 + s, 1);
-        for (int v = 0; v < 32; v++) MOVE(word(g + 288, v, r), p + 4 * v, 4);
-        for (int v = 0; v < 16; v++) MOVE(word(g + 288 + 2048, v, r), p + 128 + 4 * v, 4);
+        for (int b = 0; b < 128; b++) QBYTE(g + (k5 ? 832 : 320), b, r) = p[16 + 32 * k5 + b];
         break;
     }
-#undef MOVE
+    case T_Q6_K: /* ql [128], qh [64], scales [16], d */
+        memcpy(g + 2 * r, p + 208, 2);
+        for (int s = 0; s < 16; s++) g[32 + 16 * s + r] = p[192 + s];
+        for (int b = 0; b < 192; b++) QBYTE(g + 288, b, r) = p[b];
+        break;
+    }
 }
 
 /* rows [rows, row_bytes] of `type` -> dst [ceil(rows / 16), tandem_q_r16_bytes(type, k)]. */
@@ -153,63 +110,92 @@ int tandem_q_r16_pack(int type, const uint8_t *src, int64_t rows, int64_t row_by
     int64_t gbytes = tandem_q_r16_bytes(type, k), block = q_block(type);
     int64_t bb = q_r16_block_bytes(type), bytes = q_block_bytes(type);
     if (!gbytes || row_bytes != k / block * bytes || rows < 0) return -1;
-    int64_t groups = (rows + 15) / 16;
-    memset(dst, 0, (size_t)(groups * gbytes));
-    uint8_t tmp[256];
+    memset(dst, 0, (size_t)((rows + 15) / 16 * gbytes));
     for (int64_t row = 0; row < rows; row++)
-        for (int64_t b = 0; b < k / block; b++) {
-            memcpy(tmp, src + row * row_bytes + b * bytes, (size_t)bytes);
-            move_block(type, tmp, dst + row / 16 * gbytes + b * bb, (int)(row % 16), 1);
-        }
+        for (int64_t b = 0; b < k / block; b++)
+            move_block(type, src + row * row_bytes + b * bytes, dst + row / 16 * gbytes + b * bb,
+                       (int)(row % 16));
     return 0;
 }
 
-/* Row `row` of an interleaved tensor back in its blocks: out [row bytes]. */
-static void unpack_r16_row(int type, const uint8_t *data, int64_t row, int64_t k, uint8_t *out) {
-    int64_t block = q_block(type), bb = q_r16_block_bytes(type), bytes = q_block_bytes(type);
-    const uint8_t *g = data + row / 16 * tandem_q_r16_bytes(type, k);
-    for (int64_t b = 0; b < k / block; b++) {
-        memset(out + b * bytes, 0, (size_t)bytes);
-        move_block(type, out + b * bytes, (uint8_t *)(g + b * bb), (int)(row % 16), 0);
+/* Row r of the group block g as float32, out [block]: each element a * u + b, with a and b
+ * its block's (K-quants: sub-block's) scale and offset, as the kernel reads them; exact (a * u
+ * is, and + b rounds once, as ggml's own dequantization). Q8_0 as u = q + 128, so every build
+ * gives the same values. */
+static void group_row(int type, const uint8_t *g, int r, float *out) {
+    switch (type) {
+    case T_Q4_0: case T_Q4_1: case T_Q5_0: case T_Q5_1: case T_Q8_0: {
+        const int one = type == T_Q4_1 || type == T_Q5_1, five = type == T_Q5_0 || type == T_Q5_1;
+        const int head = 32 * (1 + one);
+        const float d = f16_at(g + 2 * r);
+        const float b = one ? f16_at(g + 32 + 2 * r) : type == T_Q4_0 ? -8.0f * d
+                      : type == T_Q5_0 ? -16.0f * d : -128.0f * d;
+        const uint8_t *v = g + head + 64 * five;
+        uint32_t h = 0; /* Q5: element e's fifth bit at bit 8 (e % 4) + e / 4 */
+        if (five) memcpy(&h, g + head + 4 * r, 4);
+        for (int e = 0; e < 32; e++) {
+            const int u = type == T_Q8_0 ? QBYTE(v, e, r) ^ (R16_Q8_SIGNED ? 0x80 : 0)
+                        : (QBYTE(v, e % 16, r) >> (4 * (e / 16)) & 15)
+                          | (int)(h >> (8 * (e % 4) + e / 4) & 1) << 4;
+            out[e] = d * (float)u + b;
+        }
+        break;
+    }
+    case T_Q4_K: case T_Q5_K: {
+        const int k5 = type == T_Q5_K;
+        const float d = f16_at(g + 2 * r), dmin = f16_at(g + 32 + 2 * r);
+        for (int j = 0; j < 8; j++) { /* sub-block j: nibble j % 2 of bytes 32 (j / 2) .. */
+            const float a = d * (float)g[64 + 16 * j + r], b = -(dmin * (float)g[192 + 16 * j + r]);
+            uint32_t h = 0;
+            if (k5) memcpy(&h, g + 320 + 64 * j + 4 * r, 4);
+            const uint8_t *v = g + (k5 ? 832 : 320);
+            for (int l = 0; l < 32; l++) {
+                const int u = (QBYTE(v, 32 * (j / 2) + l, r) >> (4 * (j % 2)) & 15)
+                              | (int)(h >> (8 * (l % 4) + l / 4) & 1) << 4;
+                out[32 * j + l] = a * (float)u + b;
+            }
+        }
+        break;
+    }
+    case T_Q6_K: { /* element 128 n + 32 q + l: ql byte 64 n + 32 (q % 2) + l, nibble q / 2, and
+                    * bits 2q of qh byte 32 n + l */
+        const float d = f16_at(g + 2 * r);
+        for (int e = 0; e < 256; e++) {
+            const int n = e / 128, q = e % 128 / 32, l = e % 32;
+            const float a = d * (float)(int8_t)g[32 + 16 * (e / 16) + r];
+            const int u = (QBYTE(g + 288, 64 * n + 32 * (q % 2) + l, r) >> (4 * (q / 2)) & 15)
+                          | (QBYTE(g + 288, 128 + 32 * n + l, r) >> (2 * q) & 3) << 4;
+            out[e] = a * (float)u + -32.0f * a;
+        }
+        break;
+    }
     }
 }
 
 /* Rows `ids` [count] of a [rows, k] weight of `type` (row_bytes each) as float32, out [count, k]:
- * the embedding lookup of a quantized table, and the reference dequantization. Exact: each
- * element is a * u + b with a * u exact in float32 (as ggml's own dequantization). With
- * Q_R16 in the type, the rows are interleaved (tandem_q_r16_pack): each is first put back in
- * its blocks, so both layouts give the same values. */
+ * the embedding lookup of a quantized table, and the reference dequantization. With Q_R16 in
+ * the type the rows are interleaved (tandem_q_r16_pack) and read in place; in GGUF's order each
+ * block is first moved to a group block of its own, so both layouts give the same values. */
 int tandem_q_rows(int type, const uint8_t *data, int64_t row_bytes, const int64_t *ids,
                   int64_t count, int64_t k, float *out) {
-    int r16 = (type & Q_R16) != 0;
+    const int r16 = (type & Q_R16) != 0;
     type &= ~Q_R16;
-    int64_t block = q_block(type), bytes = q_block_bytes(type);
-    if (!block || k % block || row_bytes != k / block * bytes
-        || (r16 && !tandem_q_r16_bytes(type, k)))
-        return -1;
-    init_tables();
-    uint8_t u[256];
-    int8_t s[256];
-    float a[16], b[16];
-    uint8_t *plain = r16 ? malloc((size_t)row_bytes) : NULL;
-    if (r16 && !plain) return -1;
-    for (int64_t r = 0; r < count; r++) {
-        const uint8_t *row = data + ids[r] * row_bytes;
-        if (r16) unpack_r16_row(type, data, ids[r], k, plain), row = plain;
-        float *o = out + r * k;
-        if (is_half(type)) {
-            for (int64_t e = 0; e < k; e++) o[e] = half_at(type, row + 2 * e);
-            continue;
-        }
-        for (int64_t c = 0; c < k; c += block) {
-            unpack_block(type, row + c / block * bytes, u, s, a, b);
-            for (int64_t e = 0; e < block; e++) {
-                float v = SIGNED_Q8 && type == T_Q8_0 ? a[e / 16] * (float)s[e]
-                                                      : a[e / 16] * (float)u[e] + b[e / 16];
-                o[c + e] = v;
+    const int64_t block = q_block(type), bytes = q_block_bytes(type), bb = q_r16_block_bytes(type);
+    if (!block || k % block || row_bytes != k / block * bytes || (r16 && !bb)) return -1;
+    uint8_t g[16 * 210]; /* a GGUF row's block as row 0 of a group block (Q6_K's is the largest) */
+    for (int64_t n = 0; n < count; n++) {
+        float *o = out + n * k;
+        for (int64_t b = 0; b < k / block; b++) {
+            if (is_half(type)) {
+                o[b] = half_at(type, data + ids[n] * row_bytes + 2 * b);
+            } else if (r16) {
+                group_row(type, data + (ids[n] / 16 * (k / block) + b) * bb, (int)(ids[n] % 16),
+                          o + b * block);
+            } else {
+                move_block(type, data + ids[n] * row_bytes + b * bytes, g, 0);
+                group_row(type, g, 0, o + b * block);
             }
         }
     }
-    free(plain);
     return 0;
 }

@@ -1,12 +1,11 @@
 /* The quantized matmul on weights interleaved 16 rows at a time (layout: cpu_quant_pack.c;
  * 16 lanes: quant_r16_vec.h). One vpdpbusd (AVX-512 VNNI; AVX2: vpmaddubsw + vpmaddwd on two
- * halves; NEON: sdot on four quarters) multiplies 4 bytes of an x row, broadcast, with the
- * same 4 elements of 16 weight rows, so 16 outputs fill 16 lanes and a block's sums stay
- * integers (exact) until the block's scale: per (block of 32, 16 rows, x row) 8 vpdpbusd, one
- * convert and one or two FMAs, where the row-major paths (cpu_quant.c, cpu_quant_direct.c)
- * take 4 lane-wise converts and FMAs per 16 elements of each row. *
- * Numerics, per output y = x . w, blocks in order, each output in its own lane (no reduction).
- * 32-element types take x quantized per 32 as in cpu_quant.c (q, step dx, sums qs16 per 16):
+ * halves; NEON and plain C: sdot's operation on four quarters) multiplies 4 bytes of an x row,
+ * broadcast, with the same 4 elements of 16 weight rows, so 16 outputs fill 16 lanes and a
+ * block's sums stay integers (exact) until the block's scale: per (block of 32, 16 rows, x row)
+ * 8 vpdpbusd, one convert and one or two FMAs, and no reduction across lanes.
+ * Numerics, per output y = x . w, blocks in order, each output in its own lane.
+ * 32-element types take x quantized per 32 (prepare_x: q, step dx, sums qs16 per 16):
  *   Q4_0  acc += float(sum u q - 8 qs32) * (d * dx)   Q5_0, Q8_0  the same with 16, 128
  *   Q4_1  acc += float(sum u q) * (d * dx);  acc += m * (dx * float(qs32))   Q5_1  the same
  * K-quants take x as prepare_xk leaves it (per 256 a step D, per 32 an integer e in 1..8: x =
@@ -17,34 +16,30 @@
  * (each * and + one float32 rounding, FMAs fused). The integer sums stay within int32 (Q6_K's:
  * 256 * 32 * 127 * 128 * 8 < 2^31) and AVX2's 16-bit pair sums within int16 (vi_sdot). Every
  * output is computed by this one sequence whatever its batch, tile or thread, so a row's result
- * never depends on them, and the same on AVX-512 and AVX2 (integer sums are exact on both).
+ * never depends on them, and the same on every kind of CPU (integer sums are exact on all).
  */
-#include "quant_direct.h"
 #include "quant_r16_vec.h"
-
-#if R16_KERNEL
 
 #define RM 6 /* x rows a pass: 8 weight registers + RM accumulators + sums */
 #ifndef CHUNK_ABOVE
 #define CHUNK_ABOVE 16384 /* bytes of a group's row beyond which passes take turns (r16_pass) */
 #endif
 #define PF 2   /* K-quant blocks (2,304-3,360 bytes) are prefetched PF ahead, and */
-#define PF32 4 /* 32-element ones (288-544): 2 -> 4 ran 16 SmolLM2 Q8_0 streams 1.5% faster */
+#define PF32 4 /* 32-element ones (288-544 bytes) PF32 ahead */
 #define INL static inline __attribute__((always_inline))
 
 /* Eighth j of a K-quant block of bb bytes (2,304-3,360: 36-53 lines) into the cache, an eighth
- * per sub-block (Q4_K/Q5_K: a pair per pair of sub-blocks): a burst of the whole block at its
- * start filled the miss buffers and stalled the core at the prefetches (a 5-row verification
- * of the 8B shapes, out of cache, took 1.8x as long that way). A 32-element block (5-9 lines)
- * is still fetched at once. */
+ * per sub-block (Q4_K/Q5_K: a pair per pair of sub-blocks), at the pace they are read: a burst
+ * of the whole block at its start fills the miss buffers and stalls the core at the prefetches.
+ * A 32-element block (5-9 lines) is fetched at once. */
 INL void prefetch_eighth(const uint8_t *block, int64_t bb, int j) {
     for (int64_t o = (j * bb / 8) & ~63; o < (j + 1) * bb / 8; o += 64)
         r16_prefetch(block + o);
 }
 
 /* Q8_0: sum over a block's 8 words w (vi_q8w of the words at p, half h) of q[w] . x[4w ..].
- * AVX2: one chain, kept in order by the empty asm (gcc re-associated it into a tree whose sums
- * spilled: 16 x rows 3-4% slower); elsewhere two chains (vpdpbusd's latency), then one add. */
+ * AVX2: one chain, kept in order by the empty asm (gcc re-associates it into a tree whose sums
+ * spill); elsewhere two chains (vpdpbusd's latency), then one add. */
 INL v16i q8_dot8(const v16i *W, const uint8_t *p, int h, const int8_t *x) {
     v16i s0 = vi_zero();
 #if R16_HALVES == 2
@@ -89,7 +84,7 @@ INL void fifth_bits(v16i *W, const uint8_t *qh, int h, int w0, int n) {
  * The integer sums are exact, so the split changes no bit. */
 #define KW (R16_HALVES == 2 ? 4 : 8)
 
-/* Row i's parts of a 256's prepare_xk records (quant_direct.h), from the first row's at r. */
+/* Row i's parts of a 256's prepare_xk records (quant_format.h), from the first row's at r. */
 INL const int8_t *xk_q(const uint8_t *r, int i) { return (const int8_t *)(r + i * XK_BYTES); }
 INL const int32_t *xk_w(const uint8_t *r, int i) {
     return (const int32_t *)(const void *)(r + i * XK_BYTES + XK_W);
@@ -249,12 +244,11 @@ INL void store_pass(const v16f *acc, const int mrt, int nr, const int h, const f
 INL void r16_pass(const int type, const int mrt, const uint8_t *grp, int nr, const int8_t *xq,
                   const float *xs, const int32_t *xi, const uint8_t *xk, int64_t cstride,
                   int64_t k, int64_t kp, int64_t gp, const float *bias, float *y, int64_t ldy) {
-    /* With several passes (AVX2, NEON) over a long row (a group's bytes past CHUNK_ABOVE) the
+    /* With several passes (AVX2, NEON, C) over a long row (a group's bytes past CHUNK_ABOVE) the
      * passes take turns every 256 elements, so a pass after the first finds the block in L1
-     * (passes over the whole row re-read it from L2: held to AVX2, one x row of a Q4_K 49,152 x
-     * 4,096 took 1.1-1.2x as long). A short row stays in L1 anyway, and with one pass (AVX-512)
-     * there is nothing to share: both go at once (turns cost the Q8_0 table of Gemma 3, k =
-     * 640, 8-15% natively). Each lane's sums go in block order either way: the same bits. */
+     * (passes over the whole row would re-read it from L2). A short row stays in L1 anyway, and
+     * with one pass (AVX-512) there is nothing to share: both go whole, sparing the turns'
+     * overhead. Each lane's sums go in block order either way: the same bits. */
     const int64_t block = q_block(type), bb = q_r16_block_bytes(type);
     const int K = block == 256;
     if (R16_HALVES > 1 && k / block * bb > CHUNK_ABOVE) {
@@ -315,15 +309,3 @@ void q_r16(int type, const uint8_t *grp, int nr, const int8_t *xq, const float *
     }
 #undef R16_CASE
 }
-
-#else
-
-void q_r16(int type, const uint8_t *grp, int nr, const int8_t *xq, const float *xs,
-           const int32_t *xi, const uint8_t *xk, int64_t cstride, int64_t mr, int64_t k,
-           int64_t kp, int64_t gp, const float *bias, float *y, int64_t ldy) {
-    /* never called: tandem_q_r16_bytes is 0 in this build, so nothing is interleaved */
-    (void)type, (void)grp, (void)nr, (void)xq, (void)xs, (void)xi, (void)xk, (void)cstride;
-    (void)mr, (void)k, (void)kp, (void)gp, (void)bias, (void)y, (void)ldy;
-}
-
-#endif

@@ -3,7 +3,6 @@
  * multiplies the same integers. prepare_x is llama.cpp's Q8_0 rounding of activations;
  * prepare_xk feeds the interleaved K-quant kernel (cpu_quant_r16.c). */
 #include "quant_format.h"
-#include "quant_direct.h"
 
 #if defined(__AVX2__)
 #include <immintrin.h>
@@ -66,34 +65,30 @@ static inline void round32(const float *x, float id, int8_t *q, int *sum0, int *
 }
 #endif
 
-/* x rows quantized: q [kp] int8, lane scales xs [kp / 4], block sums xb [GROUPS(kp)] (ax * sum q)
- * and xi [GROUPS(kp)] (sum q, for interleaved weights). */
-void prepare_x(const float *x, int64_t k, int64_t kp, int8_t *q, float *xs, float *xb,
-               int32_t *xi) {
+/* A row of x quantized per 32 (for the 32-element types): q [k] int8, the step of the 32 at
+ * element c in xs [c / 4], and the integer sums per 16 xi [k / 16]. */
+void prepare_x(const float *x, int64_t k, int8_t *q, float *xs, int32_t *xi) {
     for (int64_t c = 0; c < k; c += 32) {
         const float amax = amax32(x + c);
         float d = amax / 127.0f, id = amax > 0.0f ? 127.0f / amax : 0.0f;
         int sum0, sum1;
         round32(x + c, id, q + c, &sum0, &sum1);
-        for (int l = 0; l < 8; l++) xs[c / 4 + l] = d;
-        xb[c / 16] = d * (float)sum0, xb[c / 16 + 1] = d * (float)sum1;
+        xs[c / 4] = d;
         xi[c / 16] = sum0, xi[c / 16 + 1] = sum1;
     }
-    memset(q + k, 0, (size_t)(kp - k));
-    for (int64_t l = k / 4; l < kp / 4; l++) xs[l] = 0.0f;
-    for (int64_t g = k / 16; g < GROUPS(kp); g++) xb[g] = 0.0f, xi[g] = 0;
 }
 
 /* x rows for interleaved K-quant weights (cpu_quant_r16.c), whose every scale then goes into
  * the integer sums and one float step per 256 elements remains: per 256 a step D = max|x| /
  * (127 * 8), per 32 the smallest e in 1..8 with (max|x| over the 32) <= 127 D e, and q =
  * round(x / (D e)) (nearest even). A 32 of small values keeps a step up to 8x finer than the
- * 256's largest needs: llama.cpp's Q8_K (one step per 256, no e) measured 2.7x the KL of
- * steps per 32 on Gemma 3, this the same KL. Per 256 one record (quant_direct.h: q, D, e per
- * 32, and the words whose 16-bit halves are e * (sum q) of two neighbours, the multipliers of
- * the kernel's vpmaddwd pairs, made once per x row instead of once per weight block: [p] the
- * 32s 2p and 2p + 1 (Q4_K/Q5_K mins), [4 + j] the 16s 2j and 2j + 1 (Q6_K's offsets); each
- * within int16, 8 * 32 * 127), the next 256's cstride bytes on. k is a multiple of 256. */
+ * 256's largest needs (one step per 256, llama.cpp's Q8_K, rounds it as coarsely as the
+ * largest), so the error stays that of steps per 32 (benchmarks/LOG.md). Per 256 one record
+ * (quant_format.h: q, D, e per 32, and the words whose 16-bit halves are e * (sum q) of two
+ * neighbours, the multipliers of the kernel's vpmaddwd pairs, made once per x row instead of
+ * once per weight block: [p] the 32s 2p and 2p + 1 (Q4_K/Q5_K mins), [4 + j] the 16s 2j and
+ * 2j + 1 (Q6_K's offsets); each within int16, 8 * 32 * 127), the next 256's cstride bytes on.
+ * k is a multiple of 256. */
 static inline int32_t pair16(int32_t lo, int32_t hi) {
     return (int32_t)(((uint32_t)hi << 16) | ((uint32_t)lo & 0xFFFFu));
 }

@@ -86,11 +86,11 @@ _SLICE_ROWS = 16 * 256  # rows packed at a time where the source pages are given
 def pack_r16(ggml_type: int, data: torch.Tensor, k: int,
              release_source: bool = False) -> Optional[torch.Tensor]:
     """Rows (uint8 [rows, row bytes]) interleaved 16 at a time, uint8 [ceil(rows / 16), group
-    bytes], for the kernels that read that layout; None where this build has none for the
-    type (then the rows stay as they are). `release_source`: `data` is a clean mapping of a
-    file that nothing wrote to (a GGUF tensor), so each slice's pages are given back once it
-    is packed; the mapped bytes and their copy then never coexist whole (a 178 MB embedding
-    table added its size to the peak of a load), and a page read again comes from the file."""
+    bytes], the layout the kernels multiply; None for a type that is never interleaved (F16,
+    BF16: their rows stay as they are). `release_source`: `data` is a clean mapping of a file
+    that nothing wrote to (a GGUF tensor), so each slice's pages are given back once it is
+    packed; the mapped bytes and their copy then never coexist whole (a whole table's copy
+    would add its size to the peak of a load), and a page read again comes from the file."""
     lib = _lib()
     group_bytes = lib.tandem_q_r16_bytes(ggml_type, k)
     if group_bytes == 0:

@@ -1,20 +1,19 @@
 /* 16 lanes, one per interleaved weight row, for cpu_quant_r16.c: one AVX-512 register, or, with
  * AVX2, 8 lanes a register in two passes over the rows (0-7, then 8-15: R16_HALVES; a load's h
  * picks the half, so 16 ymm registers hold one pass's weights and sums with few spills), or,
- * with Arm NEON, 4 lanes a register in four passes. Each lane's operations are the same IEEE
- * operations on every kind (convert, multiply, fused multiply-add; integer sums exact), so
- * every build gives a row the same bits. */
+ * with Arm NEON or in plain C (any other CPU), 4 lanes a vector in four passes. Each lane's
+ * operations are the same IEEE operations on every kind (convert, multiply, fused multiply-add;
+ * integer sums exact), so every build gives a row the same bits. */
 #ifndef TANDEM_QUANT_R16_VEC_H
 #define TANDEM_QUANT_R16_VEC_H
 #include "quant_format.h"
 
-#if R16_KERNEL
 #define INL static inline __attribute__((always_inline))
 
 /* One cache line at p into L1 (prefetcht0 on x86, prfm pldl1keep on Arm). */
 INL void r16_prefetch(const void *p) { __builtin_prefetch(p, 0, 3); }
 
-#if STEP == 64
+#if defined(Q_AVX512)
 #define R16_HALVES 1
 typedef __m512i v16i; /* 64 bytes, or 16 int32 */
 typedef __m512 v16f;
@@ -81,7 +80,7 @@ INL void vf_store_n(float *p, v16f v, int n, int h) {
     _mm512_mask_storeu_ps(p, (__mmask16)((1u << n) - 1), v);
 }
 
-#elif defined(__AVX2__) /* 8 lanes a register, the 16 rows in two passes (0-7, then 8-15) */
+#elif defined(Q_AVX2) /* 8 lanes a register, the 16 rows in two passes (0-7, then 8-15) */
 #define R16_HALVES 2
 typedef __m256i v16i;
 typedef __m256 v16f;
@@ -166,7 +165,7 @@ INL v16f vf_half(const uint8_t *p, int h) {
 INL v16f vf_loadu(const float *t) { return _mm256_loadu_ps(t); }
 INL void vf_storeu(float *t, v16f v) { _mm256_storeu_ps(t, v); }
 
-#else /* Arm NEON: 4 lanes a register, the 16 rows in four passes (rows 4h .. 4h + 3) */
+#elif defined(Q_NEON) /* 4 lanes a register, the 16 rows in four passes (rows 4h .. 4h + 3) */
 #include <arm_neon.h>
 #define R16_HALVES 4
 typedef int32x4_t v16i;
@@ -234,9 +233,12 @@ INL v16f vf_half(const uint8_t *p, int h) { /* float16 4h .. 4h + 3, widened exa
 }
 INL v16f vf_loadu(const float *t) { return vld1q_f32(t); }
 INL void vf_storeu(float *t, v16f v) { vst1q_f32(t, v); }
+
+#else /* plain C (any other CPU): NEON's 4 lanes and operations */
+#include "quant_r16_c.h"
 #endif
 
-#if R16_HALVES > 1 /* AVX2, NEON: L lanes a register, through a buffer (no masked moves) */
+#if R16_HALVES > 1 /* AVX2, NEON, C: L lanes a register, through a buffer (no masked moves) */
 #define R16_LANES (16 / R16_HALVES)
 /* Lanes L h .. of the first n (<= 16) floats at p, the rest zero; and the same lanes stored. */
 INL v16f vf_load_n(const float *p, int n, int h) {
@@ -253,7 +255,7 @@ INL void vf_store_n(float *p, v16f v, int n, int h) {
 }
 #endif
 
-#if R16_HALVES != 2 /* AVX-512 and NEON: the dot products land in int32 lanes */
+#if R16_HALVES != 2 /* AVX-512, NEON, C: the dot products land in int32 lanes */
 /* sum over words w < n (even) of W[w] . x[4w .. 4w + 3], in two chains (latency). */
 INL v16i vi_dotn(const v16i *W, int n, const int8_t *x) {
     v16i s0 = vi_zero(), s1 = vi_zero();
@@ -284,5 +286,4 @@ INL v16i vi_q8dot4(v16i acc, v16i a, const uint8_t *p, int h, const int8_t *x) {
 #endif
 
 #undef INL
-#endif
 #endif

@@ -6,9 +6,10 @@ checkpoint gives it row range by row range (q, k and v each land in their rows o
 projection): a file's blocks (`RawQuant`, from loader/gguf_loader.py) or float rows that it
 quantizes itself (`q8_0`, `q4_0`, `q4_k`). Once loaded, `finish_quantized` turns each layer's
 parts into one `QuantizedWeight`: segments of rows, each of one ggml type, in output order (a
-Q4_K_M file mixes Q5_0 q/k with Q8_0 v in one projection). A part of a type without a kernel
-(Q2_K, Q3_K, ...) makes that layer float32 instead: its parts are dequantized, counted,
-and named in one log line.
+Q4_K_M file mixes Q5_0 q/k with Q8_0 v in one projection), a block type's interleaved 16 rows at
+a time (`PackedQuant`, the layout every kernel build reads), F16/BF16 kept in GGUF's rows. A
+part of a type without a kernel (Q2_K, Q3_K, ...) makes that layer float32 instead: its parts
+are dequantized, counted, and named in one log line.
 
 Rows are independent in every block format, so row ranges, llama.cpp's q/k row permutation and
 tied embeddings all work on the blocks directly. Tensor parallelism splits columns too, across
@@ -108,21 +109,22 @@ class PackedQuant:
 
 
 Segment = Union[RawQuant, PackedQuant]
-LAYOUTS = ("interleaved", "rows")
+LAYOUT = "interleaved"
 
 
-def _layout() -> str:
-    """TANDEM_QUANT_LAYOUT: "interleaved" (default: 16 rows interleaved where the kernels read
-    that layout: AVX-512 VNNI, or AVX2 with FMA and F16C) or "rows" (GGUF's own order:
-    benchmarks compare both)."""
-    layout = os.environ.get("TANDEM_QUANT_LAYOUT", "interleaved").strip() or "interleaved"
-    if layout not in LAYOUTS:
-        raise ValueError(f"TANDEM_QUANT_LAYOUT={layout!r} is not one of {', '.join(LAYOUTS)}")
-    return layout
+def _check_layout() -> None:
+    """TANDEM_QUANT_LAYOUT: "interleaved", the one layout (every kernel build reads it); "rows",
+    GGUF's own order, is retired, and it or any other value is refused."""
+    layout = os.environ.get("TANDEM_QUANT_LAYOUT", LAYOUT).strip() or LAYOUT
+    if layout != LAYOUT:
+        raise ValueError(f"TANDEM_QUANT_LAYOUT={layout!r} is not supported: quantized weights "
+                         f"are always interleaved 16 rows at a time (the one value is "
+                         f"{LAYOUT!r}; GGUF's row order, 'rows', is retired). Unset it.")
 
 
-def _packed(s: Segment, layout: str) -> Segment:
-    if isinstance(s, PackedQuant) or layout != "interleaved":
+def _packed(s: Segment) -> Segment:
+    """Blocks interleaved 16 rows at a time; F16/BF16 rows stay in GGUF's order."""
+    if isinstance(s, PackedQuant):
         return s
     data = quant.pack_r16(s.ggml_type, s.data, s.cols, release_source=s.mapped)
     if data is None:
@@ -134,8 +136,8 @@ class QuantizedWeight:
     """A [out, in] weight as row segments of ggml blocks, and the descriptor the kernels read."""
 
     def __init__(self, segments: list[Segment]) -> None:
-        layout = _layout()
-        self.segments = [_packed(s, layout) for s in segments]
+        _check_layout()
+        self.segments = [_packed(s) for s in segments]
         self.shape = (sum(s.rows for s in segments), segments[0].cols)
         flat = [len(self.segments)]
         for s in self.segments:

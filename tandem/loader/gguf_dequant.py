@@ -1,8 +1,10 @@
 """GGUF tensor dequantization to float32 torch tensors.
 
 Tensor data is a copy-on-write memory map, so nothing is read until a tensor is dequantized. The
-quantization types of the bundled files (and Q4_0) use vectorised torch code, ~3x faster than `gguf`'s
-numpy dequantizers, which handle the rarer types.
+quantization types of the bundled files (and Q4_0) use vectorised torch code, faster than `gguf`'s
+numpy dequantizers (benchmarks/LOG.md), which handle the rarer types. This is the dequantization
+that needs no compiled kernels (CUDA, `quantization="none"`, types without a kernel); weights kept
+quantized are read back by the kernels' own `tandem_q_rows` (kernels/cpu_quant_pack.c).
 """
 
 from __future__ import annotations
@@ -144,7 +146,7 @@ def dequantize_blocks(raw: torch.Tensor, ggml_type: int, shape: tuple[int, ...])
 def one_thread() -> Iterator[None]:
     """Dequantizing is thousands of short memory-bound element-wise ops per file: torch's intra-op
     threads gain little on them, and when the cores are shared each op's barrier waits on a descheduled
-    thread (SmolLM2 on 2 busy cores: 10 s with 2 threads, under 2 s with 1)."""
+    thread (the figures: benchmarks/LOG.md)."""
     previous = torch.get_num_threads()
     if previous == 1:
         yield

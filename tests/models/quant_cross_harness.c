@@ -2,8 +2,8 @@
  * CPU (tests/models/test_quant_cross_arm.py builds this for Arm and runs it under qemu-user):
  *   harness TYPE K N M THREADS WEIGHTS X BIAS OUT
  * reads N rows of GGUF blocks of TYPE (N * row bytes), M x K float32 rows of x and N float32 of
- * bias, interleaves the rows as the loader does (tandem_q_r16_pack) where this build reads that
- * layout, and writes y [M, N] float32 to OUT. Exit 2: this build has no interleaved layout. */
+ * bias, interleaves the rows as the loader does (tandem_q_r16_pack), and writes y [M, N]
+ * float32 to OUT. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,8 +33,9 @@ int main(int argc, char **argv) {
     const int64_t row_bytes = k / tandem_q_block(type) * tandem_q_block_bytes(type);
     const int64_t group_bytes = tandem_q_r16_bytes(type, k);
     if (group_bytes == 0) {
-        fprintf(stderr, "this build keeps type %d in GGUF's row order\n", type);
-        return 2;
+        fprintf(stderr, "type %d rows of %lld elements are never interleaved\n", type,
+                (long long)k);
+        return 1;
     }
     uint8_t *rows = read_all(argv[6], (size_t)(n * row_bytes));
     float *x = read_all(argv[7], sizeof(float) * (size_t)(m * k));

@@ -1,8 +1,11 @@
 """The quantized-weight kernels (kernels/cpu_quant.c, cpu_quantize.c), native and held to AVX2:
 dequantization exact against the gguf package, dot products within their stated bound, rows
-independent of their batch and the thread count, and our blocks readable by gguf's reference."""
+independent of their batch and the thread count, the same bits from every build (AVX-512 VNNI,
+AVX2, plain C), and our blocks readable by gguf's reference."""
 
 from __future__ import annotations
+
+import platform
 
 import numpy as np
 import pytest
@@ -10,7 +13,7 @@ import torch
 from gguf import GGMLQuantizationType as Q
 from gguf.quants import dequantize as gguf_dequantize
 
-from tandem.kernels import quant
+from tandem.kernels import cpu_build, quant
 from tandem.layers.quantized import PackedQuant, QuantizedWeight, RawQuant
 
 # byte offsets of the float16 scales in each block (the rest of a random block is any bytes)
@@ -19,6 +22,7 @@ _F16_AT = {"Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "Q8_0": (
 
 
 _HALF = ("F16", "BF16")  # float formats, multiplied with x unrounded (cpu_quant_half.c)
+BLOCK_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")  # interleaved
 
 
 def random_blocks(name: str, rows: int, k: int, seed: int = 0) -> torch.Tensor:
@@ -42,9 +46,9 @@ def _weight(name: str, raw: torch.Tensor, k: int) -> QuantizedWeight:
 
 def _bound(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """|y - x w^T| <= sum_e |w_e| * (ax_e / 2) (+ float rounding): each x_e is rounded to its
-    32-block's step ax = max|x| / 127, so it moves by at most half a step. Against interleaved
-    K-quant weights (prepare_xk in cpu_quant_x.c) the step is D e, under ax + D with D the
-    256-block's max|x| / 1016: the bound takes that (a K weight's k is a multiple of 256)."""
+    32-block's step ax = max|x| / 127, so it moves by at most half a step. Against K-quant
+    weights (prepare_xk in cpu_quant_x.c) the step is D e, under ax + D with D the 256-block's
+    max|x| / 1016: the bound takes that (a K weight's k is a multiple of 256)."""
     step = x.reshape(x.shape[0], -1, 32).abs().amax(-1, keepdim=True) / 127  # [m, k/32, 1]
     if x.shape[1] % 256 == 0:
         big = x.reshape(x.shape[0], -1, 256).abs().amax(-1, keepdim=True) / 1016  # [m, k/256, 1]
@@ -117,8 +121,8 @@ def test_half_precision_rows_are_widened_exactly_and_multiply_unrounded_x(fused,
 
 @pytest.mark.parametrize("name", sorted(quant.KERNEL_TYPES))
 def test_a_row_gets_the_same_bits_at_any_batch_and_thread_count(fused, name):
-    # A few rows take the registers-only path (cpu_quant_direct.c), many the unpacked scratch
-    # (cpu_quant.c): the same bits. 608 = 19 blocks of 32, a half step at AVX-512's 64.
+    # Every row count runs one sequence per output; 608 = 19 blocks of 32 (an odd count), and
+    # 70 rows end in a group of 6 interleaved rows.
     k = 768 if name.endswith("_K") else 608
     w = _weight(name, random_blocks(name, 70, k, seed=1), k)
     x = torch.randn(64, k)
@@ -138,8 +142,7 @@ def test_a_row_gets_the_same_bits_at_any_batch_and_thread_count(fused, name):
     assert torch.equal(one, full) and torch.equal(two, full)
 
 
-@pytest.mark.parametrize("layout", ["rows", "interleaved"])
-def test_x_is_rounded_per_32_half_to_even_within_127(fused, layout, monkeypatch):
+def test_x_is_rounded_per_32_half_to_even_within_127(fused):
     """x rows are rounded as llama.cpp rounds activations for Q8_0: per 32 a step max|x| / 127,
     each element to the nearest step, ties to even, at most 127 steps (cpu_quant_x.c, in
     vector registers where the CPU has AVX2, scalar elsewhere). With a step of 1 (every 32 holds
@@ -149,7 +152,6 @@ def test_x_is_rounded_per_32_half_to_even_within_127(fused, layout, monkeypatch)
     raw[:, :, :2] = np.array([1.0], dtype=np.float16).view(np.uint8)  # d = 1 in every block
     for r in range(n):
         raw[r, r // 32, 2 + r % 32] = 1
-    monkeypatch.setenv("TANDEM_QUANT_LAYOUT", layout)
     w = _weight("Q8_0", torch.from_numpy(raw.reshape(n, -1).copy()), k)
     g = torch.Generator().manual_seed(3)
     whole = torch.randint(-126, 127, (16, k), generator=g).float()
@@ -204,38 +206,32 @@ def test_layouts_the_kernel_does_not_take_are_refused(fused):
     bad = torch.tensor([1, 99, 4, w.segments[0].data.data_ptr(), 36], dtype=torch.int64)
     with pytest.raises(RuntimeError, match="refused"):
         quant.qlinear(torch.randn(2, 64), bad, None, 4)  # type 99: no such block
+    bad[1] = quant.KERNEL_TYPES["Q4_0"]  # a block type in GGUF's row order: not interleaved
+    with pytest.raises(RuntimeError, match="refused"):
+        quant.qlinear(torch.randn(2, 64), bad, None, 4)
     with pytest.raises(ValueError, match="blocks of 256"):
         quant.quantize(torch.randn(2, 64), quant.QUANTIZE_TYPES["q4_k"])
 
 
-@pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"])
-def test_interleaved_rows_hold_the_same_weight(fused, name, monkeypatch):
-    """Where the build reads 16 interleaved rows (cpu_quant_r16.c: AVX-512 VNNI or AVX2),
-    weights are kept so: the same values, the same products up to float32 summation order (the
-    row-major layout's lanes sum in another order), and rows past a multiple of 16 come out
-    right."""
+@pytest.mark.parametrize("name", BLOCK_TYPES)
+def test_block_types_are_interleaved_in_every_build(fused, name, monkeypatch):
+    """Every build reads 16 interleaved rows (cpu_quant_r16.c: AVX-512 VNNI, AVX2, NEON or plain
+    C), so a block type's weight is always kept so: the file's values (read back from either
+    layout), rows past a multiple of 16 included. GGUF's own order, once TANDEM_QUANT_LAYOUT=rows,
+    is refused with the one value named."""
     k = 512 if name.endswith("_K") else 96
     raw = random_blocks(name, 37, k, seed=3)
-    if quant.pack_r16(quant.KERNEL_TYPES[name], raw, k) is None:
-        pytest.skip("this build keeps rows in GGUF's order")
-    monkeypatch.setenv("TANDEM_QUANT_LAYOUT", "rows")
-    rows = _weight(name, raw, k)
-    monkeypatch.setenv("TANDEM_QUANT_LAYOUT", "interleaved")
     packed = _weight(name, raw, k)
     assert isinstance(packed.segments[0], PackedQuant) and packed.segments[0].data.shape[0] == 3
-    assert isinstance(rows.segments[0], RawQuant)
-    assert torch.equal(packed.dequantize(), rows.dequantize())
-    x = torch.randn(6, k)
-    a, b = rows.matmul(x, None), packed.matmul(x, None)
-    if name.endswith("_K"):  # x rounded per 256 with sub-steps (prepare_xk): both in the bound
-        exact = x.double() @ rows.dequantize().double().T
-        bound = _bound(x, rows.dequantize()).double()
-        assert ((a - exact).abs() <= bound).all() and ((b - exact).abs() <= bound).all()
-    else:
-        assert ((a - b).abs() <= 1e-5 * a.abs().max()).all()
-    monkeypatch.setenv("TANDEM_QUANT_LAYOUT", "columns")
-    with pytest.raises(ValueError, match="interleaved, rows"):
-        _weight(name, raw, k)
+    reference = torch.from_numpy(gguf_dequantize(raw.numpy(), Q[name])).float()
+    assert torch.equal(packed.dequantize(), reference)
+    assert torch.equal(RawQuant(quant.KERNEL_TYPES[name], raw, k, name).dequantize(), reference)
+    for layout in ("rows", "columns"):
+        monkeypatch.setenv("TANDEM_QUANT_LAYOUT", layout)
+        with pytest.raises(ValueError, match="the one value is 'interleaved'"):
+            _weight(name, raw, k)
+    monkeypatch.setenv("TANDEM_QUANT_LAYOUT", "interleaved")
+    assert isinstance(_weight(name, raw, k).segments[0], PackedQuant)
 
 
 def _x_as_prepare_xk_rounds_it(x: torch.Tensor) -> torch.Tensor:
@@ -260,8 +256,6 @@ def test_interleaved_k_weights_multiply_x_rounded_per_256_with_sub_steps(fused, 
     k = 1024
     raw = random_blocks(name, 37, k, seed=5)
     w = _weight(name, raw, k)
-    if not isinstance(w.segments[0], PackedQuant):
-        pytest.skip("this build keeps rows in GGUF's order")
     g = torch.Generator().manual_seed(6)
     x = torch.randn(5, k, generator=g) * 10 ** torch.empty(5, k // 32, 1).uniform_(
         -2, 1, generator=g).expand(-1, -1, 32).reshape(5, k)
@@ -278,27 +272,47 @@ def test_interleaved_k_weights_multiply_x_rounded_per_256_with_sub_steps(fused, 
         assert ((other - expected).abs() > 10 * tol).any()
 
 
-def test_interleaved_rows_get_the_same_bits_from_avx2_and_avx512(native_library, avx2_library,
-                                                                monkeypatch):
-    """The 16 lanes are one AVX-512 register or two AVX2 halves, with the same operations per
-    lane (quant_r16_vec.h): a weight's outputs are identical bits on either kind of CPU. The
-    long rows (a group's bytes past CHUNK_ABOVE) take AVX2's turns every 256 elements."""
+@pytest.fixture(scope="module")
+def plain_library(native_library):
+    """The library as built for x86-64 without AVX2 (its lanes in plain C: quant_r16_c.h)."""
+    if platform.machine() != "x86_64":
+        pytest.skip("the plain-C build is made here on x86 (Arm's: test_quant_cross_arm.py)")
+    patch = pytest.MonkeyPatch()
+    patch.setenv("TANDEM_CPU_MARCH", "x86-64")
+    try:
+        return cpu_build.load_library(cpu_build.build_library())
+    finally:
+        patch.undo()
+
+
+def test_interleaved_rows_get_the_same_bits_from_every_build(native_library, plain_library,
+                                                            request, monkeypatch):
+    """The 16 lanes are one AVX-512 register, two AVX2 halves or four plain-C quarters, with the
+    same operations per lane (quant_r16_vec.h): a weight's outputs are identical bits on every
+    kind of CPU, and its values read back the same. The long rows (a group's bytes past
+    CHUNK_ABOVE) take the passes' turns every 256 elements."""
     from tandem.kernels import cpu as cpu_kernels
-    cases = [(name, k) for name in ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
+    libs = [native_library, plain_library]
+    try:
+        libs.append(request.getfixturevalue("avx2_library"))
+    except pytest.skip.Exception:
+        pass  # the native build is already the AVX2 one
+    cases = [(name, k) for name in BLOCK_TYPES
              for k in ((512, 4096) if name.endswith("_K") else (608, 2080))]
     for name, k in cases:
         monkeypatch.setitem(cpu_kernels._state, "lib", native_library)
         raw = random_blocks(name, 37, k, seed=4)
         x = torch.randn(7, k)
+        x *= 2.0 ** -torch.randint(0, 6, (1, k // 32)).repeat_interleave(32, 1)  # sub-steps vary
         bias = torch.randn(37)
         outs = []
-        for lib in (native_library, avx2_library):
+        for lib in libs:
             monkeypatch.setitem(cpu_kernels._state, "lib", lib)
             w = _weight(name, raw, k)
-            if not isinstance(w.segments[0], PackedQuant):
-                pytest.skip("a build here keeps rows in GGUF's order")
-            outs.append(torch.cat([w.matmul(x, bias), w.matmul(x[:1], bias)]))
-        assert torch.equal(outs[0], outs[1]), (name, k)
+            assert isinstance(w.segments[0], PackedQuant)
+            outs.append((w.matmul(x, bias), w.matmul(x[:1], bias), w.dequantize()))
+        for other in outs[1:]:
+            assert all(torch.equal(a, b) for a, b in zip(outs[0], other)), (name, k)
 
 
 def test_packing_a_mapped_file_gives_its_pages_back_and_the_same_bytes(fused, tmp_path,
@@ -311,8 +325,6 @@ def test_packing_a_mapped_file_gives_its_pages_back_and_the_same_bytes(fused, tm
     path.write_bytes(raw.numpy().tobytes())
     mapped = torch.from_numpy(np.memmap(path, dtype=np.uint8, mode="c", shape=raw.shape))
     expected = quant.pack_r16(quant.KERNEL_TYPES["Q4_1"], raw.clone(), 4096)
-    if expected is None:
-        pytest.skip("this build keeps rows in GGUF's order")
     monkeypatch.setattr(quant, "_SLICE_ROWS", 48)
     packed = quant.pack_r16(quant.KERNEL_TYPES["Q4_1"], mapped, 4096, release_source=True)
     assert torch.equal(packed, expected)

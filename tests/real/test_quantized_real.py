@@ -83,10 +83,9 @@ def test_native_blocks_agree_with_the_dequantized_path(model, prompts, real_meas
     real_measurements[f"{model} file blocks vs dequantized, teacher-forced ({positions} prompt "
                       "positions)"] = f"top-1 agreement {share:.3f}, mean KL {kl:.5f} nats"
     # Over 917 positions (64 prompts) SmolLM2 measured 0.956-0.959 top-1 and 0.0042-0.0043 KL
-    # with either weight layout (AMD EPYC Zen 4); the 16 prompts here scatter by +-0.015 in
-    # top-1 (activations are rounded to int8 at every layer, so a last-bit change anywhere
-    # flips near-ties), so the KL is the bound that binds: a wrong term in a kernel moves it
-    # by orders of magnitude.
+    # (AMD EPYC Zen 4); the 16 prompts here scatter by +-0.015 in top-1 (activations are
+    # rounded to int8 at every layer, so a last-bit change anywhere flips near-ties), so the KL
+    # is the bound that binds: a wrong term in a kernel moves it by orders of magnitude.
     assert share >= 0.93 and kl <= 0.01, f"top-1 agreement {share:.3f}, KL {kl:.4f}"
 
 
