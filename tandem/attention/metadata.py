@@ -24,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
+import numpy as np
 import torch
 
 # SDPA: requests with at most this many new tokens are batched into one padded group.
@@ -112,27 +113,28 @@ def build_attention_metadata(query_lens: list[int], seq_lens: list[int],
     """query_lens[i] new tokens of request i end at position seq_lens[i] - 1."""
     n = len(query_lens)
     lmax = max(seq_lens, default=0)
-    # [N, Lmax] slot of each request's key j: its table's block j // block_size, padded with
-    # the null block (0) past each table's end, and slot 0 past each request's keys.
+    # [N, Lmax] slot of each request's key j: its table's block j // block_size, slot 0 past
+    # each request's keys (numpy: a decode step's handful of small arrays costs a few us).
     width = max((len(t) for t in block_tables), default=0)
-    tables = torch.tensor([t + [0] * (width - len(t)) for t in block_tables],
-                          dtype=torch.long).view(n, width)
-    pos = torch.arange(lmax)
-    kv_slots = tables[:, pos // block_size] * block_size + pos % block_size  # [N, Lmax]
-    seq = torch.tensor(seq_lens, dtype=torch.long)
-    qlen = torch.tensor(query_lens, dtype=torch.long)
-    kv_slots.masked_fill_(pos >= seq.unsqueeze(1), 0)
+    tables = np.array([t + [0] * (width - len(t)) for t in block_tables],
+                      dtype=np.int64).reshape(n, width)
+    pos = np.arange(lmax)
+    seq = np.array(seq_lens, dtype=np.int64)
+    qlen = np.array(query_lens, dtype=np.int64)
+    kv_slots = np.ascontiguousarray(tables[:, pos // block_size] * block_size
+                                    + pos % block_size)  # [N, Lmax], row-major
+    kv_slots[pos >= seq[:, None]] = 0
     # [T] the new tokens' slots: request i's keys seq - qlen .. seq - 1, in request order.
-    req_of = torch.repeat_interleave(torch.arange(n), qlen)
-    starts = torch.cumsum(qlen, 0) - qlen
-    tok_pos = seq[req_of] - qlen[req_of] + torch.arange(int(qlen.sum())) - starts[req_of]
-    slot_mapping = kv_slots[req_of, tok_pos]
+    starts = np.cumsum(qlen) - qlen
+    req_of = np.repeat(np.arange(n), qlen)
+    tok_pos = (seq - qlen - starts)[req_of] + np.arange(int(qlen.sum()))
+    slot_mapping = torch.from_numpy(kv_slots[req_of, tok_pos])
     cpu = device.type == "cpu"
     return AttentionMetadata(
         slot_mapping=slot_mapping.to(device), num_tokens=int(qlen.sum()),
-        requests=torch.stack((starts, qlen, seq), 1) if cpu else None,
-        kv_slots=kv_slots if cpu else None, query_lens=query_lens, seq_lens=seq_lens,
-        block_tables=block_tables, block_size=block_size, device=device)
+        requests=torch.from_numpy(np.stack((starts, qlen, seq), 1)) if cpu else None,
+        kv_slots=torch.from_numpy(kv_slots) if cpu else None, query_lens=query_lens,
+        seq_lens=seq_lens, block_tables=block_tables, block_size=block_size, device=device)
 
 
 def _groups(query_lens: list[int], seq_lens: list[int], block_tables: list[list[int]],

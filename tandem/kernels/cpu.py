@@ -183,8 +183,9 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     hkv = k_cache.shape[1]
     stride = q.stride()
     if (lib is None or stride[2] != 1 or stride[1] != d or q.dtype is not _F32 or not q.is_cpu
-            or not (_ok(k_cache) and _ok(v_cache) and _ok(out))):
-        return False  # requests and kv_slots come from metadata.py: int64 and contiguous
+            or not (_ok(k_cache) and _ok(v_cache) and _ok(out))
+            or not (requests.is_contiguous() and kv_slots.is_contiguous())):
+        return False  # requests and kv_slots: int64 (metadata.py builds them so)
     # The kernel refuses (-1, before writing anything) head sizes and GQA ratios it does not take.
     rc = lib.tandem_paged_attention(
         q.data_ptr(), stride[0], k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(),
