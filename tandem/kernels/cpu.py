@@ -292,6 +292,25 @@ def row_sum(x: torch.Tensor) -> Optional[torch.Tensor]:
     return out
 
 
+def gumbel_candidates(probs: torch.Tensor, keys: torch.Tensor, token_ids: Optional[torch.Tensor]
+                      ) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
+    """The columns of each row of probs [B, V] float32 that can win its Gumbel-max
+    (cpu_gumbel.c): (start [B + 1], cols [C]) int64, row r's candidates start[r] ..
+    start[r + 1] - 1 in column order; None where the library is off or the layout is not one it
+    reads."""
+    lib = _state["lib"]
+    if (lib is None or probs.dim() != 2 or not _ok(probs) or keys.dtype is not torch.int64
+            or not keys.is_contiguous() or (token_ids is not None and (
+                token_ids.dtype is not torch.int64 or not token_ids.is_contiguous()))):
+        return None
+    start = torch.empty(probs.shape[0] + 1, dtype=torch.int64)
+    cols = torch.empty(probs.numel(), dtype=torch.int64)  # room for every column (untouched)
+    lib.tandem_gumbel_candidates(probs.data_ptr(), probs.shape[0], probs.shape[1],
+                                 keys.data_ptr(), _ptr(token_ids), start.data_ptr(),
+                                 cols.data_ptr())
+    return start, cols[:int(start[-1])]
+
+
 def gumbel_argmax_sparse(scores: torch.Tensor, start: torch.Tensor, ids: torch.Tensor,
                          cols: torch.Tensor, keys: torch.Tensor) -> Optional[torch.Tensor]:
     """gumbel_argmax over each row's candidates only (cpu_gumbel.c): scores [C] float32, start

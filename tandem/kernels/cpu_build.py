@@ -77,6 +77,7 @@ SIGNATURES = {  # name -> (argtypes, restype)
     "tandem_q_r16_bytes": ([_INT, _I], _I),
     "tandem_q_r16_pack": ([_INT, _P, _I, _I, _I, _P], _INT),
     "tandem_quantize": ([_P, _I, _I, _INT, _P, _INT], _INT),
+    "tandem_gumbel_candidates": ([_P, _I, _I, _P, _P, _P, _P], None),
     "tandem_gumbel_argmax_sparse": ([_P, _P, _P, _P, _I, _P, _P, _INT], None),
     "tandem_argmax": ([_P, _I, _I, _P, _INT], None),
     "tandem_llama_stack": ([_P, _P, _I, _P, _I, _P, _P, _F, _F, _INT, _P, _P, _P, _P, _P, _I, _I,

@@ -106,6 +106,45 @@ static int64_t row_argmax(const float *s, int64_t vocab, uint64_t key, const int
     return best_col;
 }
 
+/* The columns of each row of probs [rows, vocab] that can win its Gumbel-max (the selection of
+ * sample/gumbel.py's gumbel_sample): a column whose probability is below the top column's times
+ * exp(g(top) - G_MAX) loses to the top whatever its noise (less a margin of 1e-3 in the
+ * exponent, far above the rounding of the logarithms); a row with a NaN keeps its NaN columns
+ * only (its first NaN wins, as in the whole row's argmax). ids [vocab] int64 or NULL: the token
+ * whose noise a column reads. Writes each row's candidates in column order into cols (room for
+ * rows * vocab), row after row, and start [rows + 1]: row r's are start[r] .. start[r + 1] - 1. */
+void tandem_gumbel_candidates(const float *probs, int64_t rows, int64_t vocab,
+                              const int64_t *keys, const int64_t *ids, int64_t *start,
+                              int64_t *cols) {
+    init_table();
+    const double g_max = -log(-log1p(-0.5 / 4294967296.0));  /* g at the largest uniform */
+    int64_t c = 0;
+    for (int64_t r = 0; r < rows; r++) {
+        const float *p = probs + r * vocab;
+        start[r] = c;
+        const int64_t top = first_max(p, vocab);
+        float floor_p = INFINITY;  /* a NaN row: its NaN columns only */
+        if (p[top] == p[top]) {
+            const double g = gumbel(hash((uint64_t)keys[r], ids ? ids[top] : top));
+            floor_p = (float)exp(log((double)p[top]) + g - g_max - 1e-3);
+        }
+        const vf fl = splat(floor_p);
+        int64_t v = 0;
+        for (; v + LANES <= vocab; v += LANES) {
+            const vf x = load(p + v);
+            const vi hit = (x >= fl) | (x != x);
+            int any = 0;
+            for (int l = 0; l < LANES; l++) any |= hit[l];
+            if (any)
+                for (int l = 0; l < LANES; l++)
+                    if (hit[l]) cols[c++] = v + l;
+        }
+        for (; v < vocab; v++)
+            if (p[v] >= floor_p || p[v] != p[v]) cols[c++] = v;
+    }
+    start[rows] = c;
+}
+
 /* The Gumbel-max of each row over its candidate columns (the columns that can win, as
  * sample/gumbel.py's gumbel_sample selects them: its answer is the whole row's): row r's
  * candidates are i = start[r] .. start[r + 1] - 1, in ascending column order, with scores[i]

@@ -63,6 +63,9 @@ int tandem_quantize(const float *x, int64_t rows, int64_t k, int type, uint8_t *
 
 /* cpu_gumbel.c */
 void tandem_argmax(const float *scores, int64_t rows, int64_t vocab, int64_t *out, int threads);
+void tandem_gumbel_candidates(const float *probs, int64_t rows, int64_t vocab,
+                              const int64_t *keys, const int64_t *ids, int64_t *start,
+                              int64_t *cols);
 void tandem_gumbel_argmax_sparse(const float *scores, const int64_t *start, const int64_t *ids,
                                  const int64_t *cols, int64_t rows, const int64_t *keys,
                                  int64_t *out, int threads);

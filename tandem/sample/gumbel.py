@@ -109,13 +109,23 @@ def gumbel_sample(probs: torch.Tensor, keys: torch.Tensor,
                   token_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
     """probs: [B, V] (a row's distribution: penalties, temperature and filters applied); keys,
     token_ids as gumbel_argmax_torch. Returns gumbel_argmax_torch(torch.log(probs), keys,
-    token_ids), the same tokens, without the logarithm of every column: only the columns that can win are
-    taken (probability above the top column's times exp(g_top - G_MAX), less a margin), their
-    logarithms by torch.log (the same bits elementwise), and the choice among them by the C
-    kernel. On a 262k vocabulary that is a few hundred columns instead of all of them."""
+    token_ids), the same tokens, without the logarithm of every column: only the columns that
+    can win are taken (probability above the top column's times exp(g_top - G_MAX), less a
+    margin: one pass of the C kernel), their logarithms by torch.log (the same bits
+    elementwise), and the choice among them by the C kernel. On a 262k vocabulary that is a few
+    hundred columns instead of all of them; in torch ops where the kernels are off."""
     num_rows, vocab = probs.shape
     if num_rows == 0:
         return torch.empty(0, dtype=torch.int64, device=probs.device)
+    fast = cpu_kernels.gumbel_candidates(probs, keys, token_ids)  # the columns that can win
+    if fast is not None:
+        start, cols = fast
+        rows = torch.repeat_interleave(torch.arange(num_rows), start.diff())  # [C]
+        scores = torch.log(probs[rows, cols])                                  # [C]
+        ids = cols if token_ids is None else token_ids[cols].contiguous()
+        out = cpu_kernels.gumbel_argmax_sparse(scores, start, ids, cols, keys)
+        return out if out is not None else _pick(scores, rows, cols, keys, token_ids, num_rows,
+                                                 vocab)
     top, top_col = probs.max(dim=-1)                                         # [B] each
     g_top = noise(keys, top_col if token_ids is None else token_ids[top_col])  # [B]
     # log p_v < log p_top + g_top - G_MAX loses to the top column whatever v's noise; 1e-3
@@ -124,12 +134,4 @@ def gumbel_sample(probs: torch.Tensor, keys: torch.Tensor,
     # A row with a NaN (a broken draft, say) has a NaN top and floor: its NaN columns are its
     # candidates, and the first of them wins, as in the whole row's argmax.
     rows, cols = ((probs >= floor.unsqueeze(1)) | probs.isnan()).nonzero(as_tuple=True)  # [C]
-    scores = torch.log(probs[rows, cols])                                    # [C]
-    if probs.is_cpu:
-        start = torch.zeros(num_rows + 1, dtype=torch.int64)
-        torch.cumsum(torch.bincount(rows, minlength=num_rows), 0, out=start[1:])
-        ids = cols if token_ids is None else token_ids[cols].contiguous()
-        fast = cpu_kernels.gumbel_argmax_sparse(scores, start, ids, cols, keys)
-        if fast is not None:
-            return fast
-    return _pick(scores, rows, cols, keys, token_ids, num_rows, vocab)
+    return _pick(torch.log(probs[rows, cols]), rows, cols, keys, token_ids, num_rows, vocab)

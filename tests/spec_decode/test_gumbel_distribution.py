@@ -48,6 +48,7 @@ def _plain_counts(vocab: int = 40) -> tuple[np.ndarray, np.ndarray]:
 def _path(monkeypatch, path: str) -> None:
     """Gumbel-max by the C kernel (kernels/cpu_gumbel.c, what engines run) or by torch ops."""
     if path == "torch":
+        monkeypatch.setattr(cpu_kernels, "gumbel_candidates", lambda *args: None)
         monkeypatch.setattr(cpu_kernels, "gumbel_argmax_sparse", lambda *args: None)
         return
     cpu_kernels.configure(torch.device("cpu"))
