@@ -25,7 +25,9 @@ def test_bench_serve_levels_and_peer_ratios(server: ServerProcess, tmp_path: Pat
         assert [lv["concurrency"] for lv in levels] == [1, 3]
         for lv in levels:
             assert lv["requests"] == 3 and lv["output_tokens_per_s"] > 0
-            assert lv["ttft"]["median_ms"] > 0 and lv["itl"]["median_ms"] > 0
+            # A busy machine's server may merge a slow reader's deltas into fewer chunks (8
+            # tokens can arrive as one), leaving no gap to measure: ITL is then 0, never less.
+            assert lv["ttft"]["median_ms"] > 0 and lv["itl"]["median_ms"] >= 0
             assert lv["tokens_counted_by"] == "usage" and lv["retries"] == 0
     for ratio, ours, theirs in zip(result["ratios"], result["levels"],
                                    result["peer"]["levels"]):
