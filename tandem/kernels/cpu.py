@@ -21,6 +21,7 @@ from typing import Optional
 
 import torch
 
+from tandem.attention.kv_format import FORMATS as KV_FORMATS
 from tandem.kernels.cpu_build import (build_library, cpu_kernels_mode, cpu_march, load_library,
                                       process_uses_libgomp)
 
@@ -70,6 +71,33 @@ _F32 = torch.float32
 def _ok(t: torch.Tensor) -> bool:
     """A float32 CPU tensor in row-major order (what the kernels read)."""
     return t.dtype is _F32 and t.is_cpu and t.is_contiguous()
+
+
+_KV_CODES = {f.storage: f.code for f in KV_FORMATS.values()}  # kv_format.h's enum, by dtype
+
+
+def _kv_code(k_cache: torch.Tensor, v_cache: torch.Tensor) -> Optional[int]:
+    """The kernels' format code of a pair of KV caches (contiguous, on the CPU, of one storage
+    dtype: attention/kv_format.py), or None: not a pair the kernels read."""
+    if (k_cache.dtype is not v_cache.dtype or not (k_cache.is_cpu and v_cache.is_cpu)
+            or not (k_cache.is_contiguous() and v_cache.is_contiguous())):
+        return None
+    return _KV_CODES.get(k_cache.dtype)
+
+
+def kv_rows(rows: torch.Tensor, kv_code: int, row_bytes: int) -> Optional[tuple[torch.Tensor,
+                                                                               torch.Tensor]]:
+    """rows [N, D] float32 stored in cache format kv_code by the kernels' writer and read back
+    by their reader: (stored [N, row_bytes] uint8, loaded [N, D] float32), for the tests; None
+    where the library is off or the format does not take D."""
+    lib = _state["lib"]
+    if lib is None or not _ok(rows) or rows.dim() != 2:
+        return None
+    stored = torch.empty(rows.shape[0], row_bytes, dtype=torch.uint8)
+    loaded = torch.empty(rows.shape)
+    rc = lib.tandem_kv_rows(kv_code, rows.data_ptr(), rows.shape[0], rows.shape[1],
+                            stored.data_ptr(), loaded.data_ptr())
+    return (stored, loaded) if rc == 0 else None
 
 
 def _ptr(t: Optional[torch.Tensor]) -> Optional[int]:
@@ -137,11 +165,12 @@ def rope_write_kv(qkv: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
                   k_norm: Optional[torch.nn.Module] = None) -> bool:
     """qkv [T, (H + 2 Hkv) D] in place: q and k heads RMS-normalised (when q_norm/k_norm are
     given) and rotated by rope (cos, sin [T, 1, D]); k and v written to the caches at
-    slot_mapping. False (nothing done) when the kernel does not apply."""
+    slot_mapping, in their format (their dtype's: attention/kv_format.py). False (nothing done)
+    when the kernel does not apply."""
     cos, sin = rope
     lib = _state["lib"]
     if (lib is None or qkv.dim() != 2
-            or not (_ok(qkv) and _ok(cos) and _ok(sin) and _ok(k_cache) and _ok(v_cache))
+            or not (_ok(qkv) and _ok(cos) and _ok(sin)) or _kv_code(k_cache, v_cache) is None
             or slot_mapping.dtype is not torch.int64 or not slot_mapping.is_contiguous()
             or qkv.shape[1] != (num_heads + 2 * num_kv_heads) * head_dim
             or cos.shape[-1] != head_dim):
@@ -157,7 +186,8 @@ def rope_write_kv(qkv: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
         qkv.data_ptr(), qkv.shape[0], num_heads, num_kv_heads, head_dim, cos.data_ptr(),
         sin.data_ptr(), slot_mapping.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
         _ptr(q_norm.weight if q_norm is not None else None),
-        _ptr(k_norm.weight if k_norm is not None else None), eps, int(unit_offset))
+        _ptr(k_norm.weight if k_norm is not None else None), eps, int(unit_offset),
+        _kv_code(k_cache, v_cache))
     return rc == 0
 
 
@@ -176,21 +206,23 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
 
     q: [T, H, D] whose heads are contiguous within a token (any token stride: a view of the
     qkv projection works); requests: [G, 3] int64 (first query row, query count, keys);
-    kv_slots: [G, Lmax] int64; softcap: scores capped as softcap * tanh(s / softcap) (Gemma 2).
-    False (nothing done) when the kernel does not apply."""
+    kv_slots: [G, Lmax] int64; softcap: scores capped as softcap * tanh(s / softcap) (Gemma 2);
+    the caches' rows in their dtype's format (attention/kv_format.py). False (nothing done)
+    when the kernel does not apply."""
     lib = _state["lib"]
     t, h, d = q.shape
     hkv = k_cache.shape[1]
     stride = q.stride()
     if (lib is None or stride[2] != 1 or stride[1] != d or q.dtype is not _F32 or not q.is_cpu
-            or not (_ok(k_cache) and _ok(v_cache) and _ok(out))
+            or _kv_code(k_cache, v_cache) is None or not _ok(out)
             or not (requests.is_contiguous() and kv_slots.is_contiguous())):
         return False  # requests and kv_slots: int64 (metadata.py builds them so)
     # The kernel refuses (-1, before writing anything) head sizes and GQA ratios it does not take.
     rc = lib.tandem_paged_attention(
         q.data_ptr(), stride[0], k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(),
         requests.data_ptr(), kv_slots.data_ptr(), requests.shape[0], kv_slots.shape[1], h, hkv,
-        d, scale, sliding_window or 0, softcap or 0.0, torch.get_num_threads())
+        d, scale, sliding_window or 0, softcap or 0.0, _kv_code(k_cache, v_cache),
+        torch.get_num_threads())
     return rc == 0
 
 
@@ -264,65 +296,3 @@ def gemma_stack(x: torch.Tensor, dims: torch.Tensor, table: torch.Tensor, kinds:
         kv_slots.data_ptr(), requests.shape[0], kv_slots.shape[1], scale,
         torch.get_num_threads())
     return out if rc == 0 else None
-
-
-def argmax(scores: torch.Tensor) -> Optional[torch.Tensor]:
-    """scores [B, V] float32 -> [B] int64, each row's first maximal column (its first NaN where
-    it has one: torch.argmax's choice) by cpu_gumbel.c; None where the library is off or the
-    layout is not one it reads."""
-    lib = _state["lib"]
-    if lib is None or scores.dim() != 2 or not _ok(scores) or scores.shape[1] == 0:
-        return None
-    out = torch.empty(scores.shape[0], dtype=torch.int64)
-    lib.tandem_argmax(scores.data_ptr(), scores.shape[0], scores.shape[1], out.data_ptr(),
-                      torch.get_num_threads())
-    return out
-
-
-def row_sum(x: torch.Tensor) -> Optional[torch.Tensor]:
-    """x [B, V] float32 -> [B, 1], each row summed in one fixed order (cpu_kernels.c), so its
-    bits never depend on the batch (torch's sum splits a lone row over the threads); None where
-    the library is off or the layout is not one it reads."""
-    lib = _state["lib"]
-    if lib is None or x.dim() != 2 or not _ok(x):
-        return None
-    out = torch.empty(x.shape[0], 1)
-    lib.tandem_row_sum(x.data_ptr(), x.shape[0], x.shape[1], out.data_ptr(),
-                       torch.get_num_threads())
-    return out
-
-
-def gumbel_candidates(probs: torch.Tensor, keys: torch.Tensor, token_ids: Optional[torch.Tensor]
-                      ) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
-    """The columns of each row of probs [B, V] float32 that can win its Gumbel-max
-    (cpu_gumbel.c): (start [B + 1], cols [C]) int64, row r's candidates start[r] ..
-    start[r + 1] - 1 in column order; None where the library is off or the layout is not one it
-    reads."""
-    lib = _state["lib"]
-    if (lib is None or probs.dim() != 2 or not _ok(probs) or keys.dtype is not torch.int64
-            or not keys.is_contiguous() or (token_ids is not None and (
-                token_ids.dtype is not torch.int64 or not token_ids.is_contiguous()))):
-        return None
-    start = torch.empty(probs.shape[0] + 1, dtype=torch.int64)
-    cols = torch.empty(probs.numel(), dtype=torch.int64)  # room for every column (untouched)
-    lib.tandem_gumbel_candidates(probs.data_ptr(), probs.shape[0], probs.shape[1],
-                                 keys.data_ptr(), _ptr(token_ids), start.data_ptr(),
-                                 cols.data_ptr())
-    return start, cols[:int(start[-1])]
-
-
-def gumbel_argmax_sparse(scores: torch.Tensor, start: torch.Tensor, ids: torch.Tensor,
-                         cols: torch.Tensor, keys: torch.Tensor) -> Optional[torch.Tensor]:
-    """gumbel_argmax over each row's candidates only (cpu_gumbel.c): scores [C] float32, start
-    [B + 1], ids [C] and cols [C] int64 (row r's candidates start[r] .. start[r + 1] - 1, in
-    column order), keys [B] int64 -> [B] int64 columns; None where the library is off."""
-    lib = _state["lib"]
-    if lib is None or not _ok(scores) or not all(
-            t.dtype is torch.int64 and t.is_contiguous() and t.is_cpu
-            for t in (start, ids, cols, keys)):
-        return None
-    out = torch.empty(keys.shape[0], dtype=torch.int64)
-    lib.tandem_gumbel_argmax_sparse(scores.data_ptr(), start.data_ptr(), ids.data_ptr(),
-                                    cols.data_ptr(), keys.shape[0], keys.data_ptr(),
-                                    out.data_ptr(), torch.get_num_threads())
-    return out

@@ -16,6 +16,10 @@
  * the same bits in plain decoding, in a verification of any length, in a prefill chunk of any
  * size, and when a preempted sequence is recomputed as one prefill.
  *
+ * The cache holds its rows in its format (kv_format.h: float32, 16-bit, fp8 or q8_0): a tile's
+ * rows are read once, in that type, and widened to float32 exactly (attention_tile.h), so the
+ * arithmetic above is the same for every format, on the values the cache holds.
+ *
  * Speed: a pass takes up to PASS_ROWS rows that share one KV head (the query heads of one KV
  * head, of up to QUERY_CHUNK queries), so each tile of keys and values is read from memory once
  * for all of them and then from L1. Rows with the same keys (one query's heads) add up their
@@ -31,161 +35,23 @@
 #include <omp.h>
 #endif
 
+#include "attention_tile.h"
 #include "kernels.h"
-#include "vec.h"
-#include "vmath.h"
 
-#define MAX_HEAD_DIM 512
-#define NV_MAX (MAX_HEAD_DIM / LANES)
-#define KEY_TILE 64     /* keys per tile; tiles start at multiples of KEY_TILE */
-#define TILE_STRIDE (KEY_TILE + LANES)  /* a row's scores in the scratch (a block may overrun) */
-#define PASS_ROWS 64    /* (query, head) rows in one pass over the keys */
-#define SCORE_ROWS 4    /* rows whose scores are computed together (their queries in registers) */
-#define VALUE_ROWS 4    /* rows whose value sums run together */
-#define VALUE_ACCS (LANES == 16 ? 24 : 12)  /* vector registers for those sums */
-#define VALUE_VECS 8    /* vectors of a row's sums added up at a time (of nv) */
-#define QUERY_CHUNK 16  /* a work item's queries */
-
-typedef struct {
-    const float *q;  /* the row's query head [D] */
-    float *o;        /* its output [D] */
-    int64_t lo, hi;  /* the keys it attends: lo .. hi */
-} row_t;
-
-/* A pass's running state, per row: the maximum so far, the weights' sum, the rescale factor of
- * this tile, its keys in this tile (a > b: none), and the value sums (`split` chains of nv). */
-typedef struct {
-    float m[PASS_ROWS], total[PASS_ROWS], alpha[PASS_ROWS];
-    int64_t a[PASS_ROWS], b[PASS_ROWS];
-    float s[PASS_ROWS * TILE_STRIDE];  /* row i's score (then weight) of key j: s[i][j - t0] */
-    vf acc[];                          /* [PASS_ROWS][2][nv] */
-} pass_t;
-
-static inline int split_of(int nv) { return nv < 8 ? 2 : 1; }
-
-/* Scores of rows 0 .. nr - 1 (nr <= SCORE_ROWS) for keys a .. b of the tile at t0, into
- * s[i * TILE_STRIDE + j - t0]. pf: prefetch the key rows a block ahead (the pass's first rows:
- * the others find them in L1). nv = D / LANES, a constant where inlined. */
-static inline __attribute__((always_inline)) void tile_scores(
-        const row_t *rows, int nr, const float *k_cache, const int64_t *slots, int64_t hkv,
-        int64_t g, int64_t a, int64_t b, int64_t t0, float scale, float softcap, float *s,
-        int pf, const int nv) {
-    int64_t d = nv * LANES;
-    vf qv[SCORE_ROWS][NV_MAX];
-    for (int i = 0; i < nr; i++)
-        for (int e = 0; e < nv; e++) qv[i][e] = load(rows[i].q + e * LANES);
-    for (int64_t j = a; j <= b; j += LANES) {
-        vf t[SCORE_ROWS][LANES];  /* t[i][k]: row i's partial sums for key j + k */
-        for (int k = 0; k < LANES; k++) {
-            if (j + k <= b) {
-                const float *kj = k_cache + (slots[j + k] * hkv + g) * d;
-                if (pf && j + k + LANES <= b)  /* the row a block ahead */
-                    for (int e = 0; e < nv; e++)  /* each 64-byte line */
-                        __builtin_prefetch(k_cache + (slots[j + k + LANES] * hkv + g) * d
-                                           + e * LANES);
-                vf kv[NV_MAX];
-                for (int e = 0; e < nv; e++) kv[e] = load(kj + e * LANES);
-                for (int i = 0; i < nr; i++) {
-                    vf acc = {0};
-                    for (int e = 0; e < nv; e++) acc += qv[i][e] * kv[e];
-                    t[i][k] = acc;
-                }
-            } else {
-                for (int i = 0; i < nr; i++) t[i][k] = (vf){0};
-            }
-        }
-        for (int i = 0; i < nr; i++) {
-            vf sc = reduce_lanes(t[i]) * scale;
-            if (softcap > 0.0f) sc = vtanh(sc / softcap) * softcap;
-            store(s + i * TILE_STRIDE + (j - t0), sc);
-        }
-    }
-}
-
-/* Row i's keys a .. b of this tile: the new maximum, its scores turned into weights in place,
- * their sum added to the rescaled total (lane l sums keys a + l, a + l + LANES, ...), and the
- * factor that rescales the earlier value sums (1 where the maximum did not move). Blocks of
- * LANES keys; the last one's lanes past b are masked (weights are positive: adding +0 to a lane
- * changes nothing). */
-static inline __attribute__((always_inline)) void tile_weights(pass_t *st, int i, int64_t t0) {
-    int64_t a = st->a[i], b = st->b[i], j;
-    float *w = st->s + i * TILE_STRIDE - t0;  /* w[j]: key j */
-    const vi lane = __builtin_convertvector(iota(), vi);
-    vf mx = splat(st->m[i]);
-    for (j = a; j <= b; j += LANES) {
-        vf x = load(w + j);
-        mx = vselect((lane <= (int32_t)(b - j)) & (x > mx), x, mx);
-    }
-    float m = hmax(mx);
-    float alpha = m == st->m[i] ? 1.0f : st->m[i] == -INFINITY ? 0.0f : fast_exp(st->m[i] - m);
-    st->alpha[i] = alpha;
-    st->m[i] = m;
-    vf tv = {0};
-    for (j = a; j <= b; j += LANES) {
-        vf x = vexp(load(w + j) - m);
-        store(w + j, x);
-        tv += vselect(lane <= (int32_t)(b - j), x, (vf){0});
-    }
-    st->total[i] = st->total[i] * alpha + hsum(tv);
-}
-
-/* Vectors e0 .. e0 + cv - 1 of the value sums of rows i0 .. i0 + gn - 1, which have the same
- * keys a .. b in this tile: each value row loaded once for all. A row's sum runs in key order as
- * `split` chains (even keys to the first, odd keys to the second where a row has few vectors),
- * rescaled by alpha first. gn, cv and nv are constants where inlined, so the sums stay in
- * registers. */
-static inline __attribute__((always_inline)) void tile_values(
-        pass_t *st, int i0, const int gn, int64_t t0, const float *v_cache, const int64_t *slots,
-        int64_t hkv, int64_t g, int pf, int e0, const int cv, const int nv) {
-    const int split = split_of(nv);
-    int64_t d = nv * LANES, a = st->a[i0], b = st->b[i0];
-    vf acc[VALUE_ROWS][2][VALUE_VECS];
-    const float *w[VALUE_ROWS];
-    for (int r = 0; r < gn; r++) {
-        vf *m = st->acc + (size_t)(i0 + r) * 2 * nv + e0;
-        const vf al = splat(st->alpha[i0 + r]);
-        for (int c = 0; c < split; c++)
-            for (int e = 0; e < cv; e++) acc[r][c][e] = m[c * nv + e] * al;
-        w[r] = st->s + (i0 + r) * TILE_STRIDE - t0;
-    }
-#define ADD(J, C) do {                                                                         \
-        const float *vj = v_cache + (slots[J] * hkv + g) * d + e0 * LANES;                     \
-        if (pf && (J) + 8 <= b) /* a few value rows ahead */                                   \
-            for (int e = 0; e < cv; e++)                                                       \
-                __builtin_prefetch(v_cache + (slots[(J) + 8] * hkv + g) * d + (e0 + e) * LANES);\
-        vf vv[VALUE_VECS];                                                                     \
-        for (int e = 0; e < cv; e++) vv[e] = load(vj + e * LANES);                             \
-        for (int r = 0; r < gn; r++) {                                                         \
-            const vf pj = splat(w[r][J]);                                                      \
-            for (int e = 0; e < cv; e++) acc[r][C][e] += pj * vv[e];                           \
-        }                                                                                      \
-    } while (0)
-    int64_t j = a;
-    if (split == 2) {
-        if (j <= b && (j & 1)) { ADD(j, 1); j++; }
-        for (; j + 1 <= b; j += 2) { ADD(j, 0); ADD(j + 1, 1); }
-        if (j <= b) ADD(j, 0);
-    } else {
-        for (; j <= b; j++) ADD(j, 0);
-    }
-#undef ADD
-    for (int r = 0; r < gn; r++) {
-        vf *m = st->acc + (size_t)(i0 + r) * 2 * nv + e0;
-        for (int c = 0; c < split; c++)
-            for (int e = 0; e < cv; e++) m[c * nv + e] = acc[r][c][e];
-    }
-}
-
-/* Rows 0 .. nr - 1 (nr <= PASS_ROWS, all of KV head g) against their keys, tile by tile. */
+/* Rows 0 .. nr - 1 (nr <= PASS_ROWS, all of KV head g, each clipped to one chunk of keys; a
+ * row with lo > hi has none there) against their keys, tile by tile, from a fresh state: leaves
+ * each row's partial in st: its maximum st->m, the sum of its weights st->total, and its value
+ * sums (the chains added) in st->acc's first nv vectors. */
 static inline __attribute__((always_inline)) void attend_rows(
-        const row_t *rows, int nr, const float *k_cache, const float *v_cache,
-        const int64_t *slots, int64_t hkv, int64_t g, float scale, float softcap, pass_t *st,
+        const row_t *rows, int nr, const cache_t *c, float scale, float softcap, pass_t *st,
         const int nv) {
     const int split = split_of(nv);
-    int64_t lo = rows[0].lo, hi = rows[0].hi;
+    int64_t lo = INT64_MAX, hi = -1;
     for (int i = 0; i < nr; i++) {
-        lo = rows[i].lo < lo ? rows[i].lo : lo;
-        hi = rows[i].hi > hi ? rows[i].hi : hi;
+        if (rows[i].lo <= rows[i].hi) {
+            lo = rows[i].lo < lo ? rows[i].lo : lo;
+            hi = rows[i].hi > hi ? rows[i].hi : hi;
+        }
         st->m[i] = -INFINITY;
         st->total[i] = 0.0f;
         for (int e = 0; e < 2 * nv; e++) st->acc[(size_t)i * 2 * nv + e] = (vf){0};
@@ -195,9 +61,10 @@ static inline __attribute__((always_inline)) void attend_rows(
     vg = vg < 1 ? 1 : vg > VALUE_ROWS ? VALUE_ROWS : vg;
     for (int64_t t0 = lo - lo % KEY_TILE; t0 <= hi; t0 += KEY_TILE) {
         int64_t t1 = t0 + KEY_TILE - 1 < hi ? t0 + KEY_TILE - 1 : hi, a0 = t0 > lo ? t0 : lo;
+        tile_rows(st, c, nv * LANES, t0, a0, t1);
         for (int i = 0; i < nr; i += SCORE_ROWS)
-            tile_scores(rows + i, nr - i < SCORE_ROWS ? nr - i : SCORE_ROWS, k_cache, slots, hkv,
-                        g, a0, t1, t0, scale, softcap, st->s + i * TILE_STRIDE, i == 0, nv);
+            tile_scores(rows + i, nr - i < SCORE_ROWS ? nr - i : SCORE_ROWS, st->k, a0, t1, t0,
+                        scale, softcap, st->s + i * TILE_STRIDE, nv);
         for (int i = 0; i < nr; i++) {
             st->a[i] = rows[i].lo > t0 ? rows[i].lo : t0;
             st->b[i] = rows[i].hi < t1 ? rows[i].hi : t1;
@@ -209,7 +76,7 @@ static inline __attribute__((always_inline)) void attend_rows(
                    && st->b[i0 + gn] == st->b[i0])
                 gn++;
             if (st->a[i0] <= st->b[i0]) {
-#define VALUES(GN) tile_values(st, i0, GN, t0, v_cache, slots, hkv, g, i0 == 0, e0, cv, nv)
+#define VALUES(GN) tile_values(st, i0, GN, t0, e0, cv, nv)
                 for (int e0 = 0; e0 < nv; e0 += cv) {
                     if (gn == 1) VALUES(1);
                     else if (gn == 2) VALUES(2);
@@ -221,18 +88,16 @@ static inline __attribute__((always_inline)) void attend_rows(
             i0 += gn;
         }
     }
-    for (int i = 0; i < nr; i++) {
-        const vf *m = st->acc + (size_t)i * 2 * nv;
-        const vf inv = splat(1.0f / st->total[i]);
-        for (int e = 0; e < nv; e++)
-            store(rows[i].o + e * LANES, (split == 2 ? m[e] + m[nv + e] : m[e]) * inv);
-    }
+    if (split == 2)
+        for (int i = 0; i < nr; i++) {
+            vf *m = st->acc + (size_t)i * 2 * nv;
+            for (int e = 0; e < nv; e++) m[e] += m[nv + e];
+        }
 }
 
-static void attend_pass(const row_t *rows, int nr, const float *k_cache, const float *v_cache,
-                        const int64_t *slots, int64_t hkv, int64_t g, float scale, float softcap,
+static void attend_pass(const row_t *rows, int nr, const cache_t *c, float scale, float softcap,
                         pass_t *st, int nv) {
-#define ATTEND(NV) attend_rows(rows, nr, k_cache, v_cache, slots, hkv, g, scale, softcap, st, NV)
+#define ATTEND(NV) attend_rows(rows, nr, c, scale, softcap, st, NV)
     if (nv == 64 / LANES) ATTEND(64 / LANES);  /* head sizes 64, 128 and 256, unrolled */
     else if (nv == 128 / LANES) ATTEND(128 / LANES);
     else if (nv == 256 / LANES) ATTEND(256 / LANES);
@@ -240,87 +105,211 @@ static void attend_pass(const row_t *rows, int nr, const float *k_cache, const f
 #undef ATTEND
 }
 
+/* Where a request's chunk partials go when its chunks run as separate work items. */
+typedef struct {
+    float *m, *t;  /* [rows, chunks] */
+    vf *a;         /* [rows, chunks, nv] */
+    int64_t chunks;
+} parts_t;
+
 /* Queries i0 .. i1 - 1 of one request (its first query at flat row q0, qlen queries, slen keys
- * at `slots`), every head: for each KV head, its rows PASS_ROWS at a time in (query, head)
- * order. */
-static void attend_queries(const float *q, int64_t q_stride, const float *k_cache,
-                           const float *v_cache, float *out, int64_t q0, int64_t i0, int64_t i1,
-                           int64_t qlen, int64_t slen, const int64_t *slots, int64_t h,
-                           int64_t hkv, int64_t d, float scale, int64_t window, float softcap,
-                           pass_t *st) {
-    int64_t rep = h / hkv;
-    int nv = (int)(d / LANES);
-    row_t rows[PASS_ROWS];
+ * at `slots`), every head: for each KV head, its rows PASS_ROWS at a time in (query, head) order,
+ * against the key chunks. chunk < 0: every chunk in order, each folded into the rows' running
+ * state, then the outputs; chunk >= 0: that chunk alone, its partials into parts (row
+ * (i - i0) * h + head). */
+static void attend_queries(const float *q, int64_t q_stride, const cache_t *cache0, float *out,
+                           int64_t q0, int64_t i0, int64_t i1, int64_t qlen, int64_t slen,
+                           int64_t h, int64_t d, float scale, int64_t window, float softcap,
+                           int64_t chunk, const parts_t *parts, pass_t *st) {
+    const int64_t hkv = cache0->hkv, rep = h / hkv;
+    const int nv = (int)(d / LANES);
+    row_t rows[PASS_ROWS], clip[PASS_ROWS];
+    int64_t index[PASS_ROWS];  /* each row's (query, head) number within the item */
     for (int64_t g = 0; g < hkv; g++) {
+        cache_t c = *cache0;
+        c.g = g;
         int nr = 0;
         for (int64_t i = i0; i < i1; i++) {
-            int64_t pos = slen - qlen + i;
-            int64_t lo = window > 0 && pos - window + 1 > 0 ? pos - window + 1 : 0;
+            const int64_t pos = slen - qlen + i;
+            const int64_t lo = window > 0 && pos - window + 1 > 0 ? pos - window + 1 : 0;
             for (int64_t hd = g * rep; hd < (g + 1) * rep; hd++) {
+                index[nr] = (i - i0) * h + hd;
                 rows[nr++] = (row_t){q + (q0 + i) * q_stride + hd * d,
                                      out + ((q0 + i) * h + hd) * d, lo, pos};
-                if (nr == PASS_ROWS) {
-                    attend_pass(rows, nr, k_cache, v_cache, slots, hkv, g, scale, softcap, st,
-                                nv);
-                    nr = 0;
+                if (nr < PASS_ROWS && !(i == i1 - 1 && hd == (g + 1) * rep - 1)) continue;
+                int64_t c0 = chunk, c1 = chunk;  /* the chunks of this pass's keys */
+                if (chunk < 0) {
+                    c0 = rows[0].lo / CHUNK_KEYS;
+                    c1 = rows[nr - 1].hi / CHUNK_KEYS;
+                    for (int r = 0; r < nr; r++) {
+                        c0 = rows[r].lo / CHUNK_KEYS < c0 ? rows[r].lo / CHUNK_KEYS : c0;
+                        c1 = rows[r].hi / CHUNK_KEYS > c1 ? rows[r].hi / CHUNK_KEYS : c1;
+                        st->run_m[r] = -INFINITY;
+                        st->run_t[r] = 0.0f;
+                        for (int e = 0; e < nv; e++) st->run[(size_t)r * nv + e] = (vf){0};
+                    }
                 }
+                for (int64_t ck = c0; ck <= c1; ck++) {
+                    const int64_t ka = ck * CHUNK_KEYS, kb = ka + CHUNK_KEYS - 1;
+                    for (int r = 0; r < nr; r++) {
+                        clip[r] = rows[r];
+                        clip[r].lo = rows[r].lo > ka ? rows[r].lo : ka;
+                        clip[r].hi = rows[r].hi < kb ? rows[r].hi : kb;
+                    }
+                    attend_pass(clip, nr, &c, scale, softcap, st, nv);
+                    for (int r = 0; r < nr; r++) {
+                        const vf *a = st->acc + (size_t)r * 2 * nv;
+                        if (chunk < 0) {
+                            fold(&st->run_m[r], &st->run_t[r], st->run + (size_t)r * nv,
+                                 st->m[r], st->total[r], a, nv);
+                        } else {  /* this chunk's partial, folded later (tandem_paged_attention) */
+                            const int64_t at = index[r] * parts->chunks + ck;
+                            parts->m[at] = st->m[r];
+                            parts->t[at] = st->total[r];
+                            for (int e = 0; e < nv; e++) parts->a[at * nv + e] = a[e];
+                        }
+                    }
+                }
+                if (chunk < 0)
+                    for (int r = 0; r < nr; r++) {
+                        const vf inv = splat(1.0f / st->run_t[r]);
+                        for (int e = 0; e < nv; e++)
+                            store(rows[r].o + e * LANES, st->run[(size_t)r * nv + e] * inv);
+                    }
+                nr = 0;
             }
         }
-        if (nr) attend_pass(rows, nr, k_cache, v_cache, slots, hkv, g, scale, softcap, st, nv);
     }
 }
 
+typedef struct {
+    int64_t r, i0, i1, chunk;  /* request, its queries i0 .. i1 - 1, one key chunk (or -1: all) */
+} item_t;
+
+/* A scratch of at least `bytes`, 64-byte aligned, kept by the calling thread from one call to
+ * the next (the passes' state is a few hundred KB: allocated afresh, it would be mapped and
+ * faulted in again every layer of every step). which: one of the call's two scratches. */
+static void *scratch(int which, size_t bytes) {
+    static __thread void *buf[2];
+    static __thread size_t cap[2];
+    if (cap[which] < bytes) {
+        free(buf[which]);
+        buf[which] = aligned_alloc(64, (bytes + 63) / 64 * 64);
+        cap[which] = buf[which] ? bytes : 0;
+    }
+    return buf[which];
+}
+
 /* q: [T, q_stride] with head hd at hd * D; out: [T, H, D]; req: [num_reqs, 3]; kv_slots:
- * [num_reqs, lmax]. Query heads g * rep .. g * rep + rep - 1 share KV head g. D must be a
- * multiple of 16 (the same sizes on every CPU). A request with no queries reads nothing. Returns
- * -1 (nothing written) on sizes it does not take or no memory. */
-int tandem_paged_attention(const float *q, int64_t q_stride, const float *k_cache,
-                           const float *v_cache, float *out, const int64_t *req,
+ * [num_reqs, lmax]; the caches [slots, Hkv] rows of D numbers in format kv_type (kv_format.h).
+ * Query heads g * rep .. g * rep + rep - 1 share KV head g. D must be a multiple of 16 (the
+ * same sizes on every CPU). A request with no queries reads nothing. Returns -1 (nothing
+ * written) on sizes or formats it does not take, or no memory.
+ *
+ * Work items: a request's queries QUERY_CHUNK at a time, each over all its key chunks; where
+ * that leaves threads idle (a few long requests: decoding at depth), a request of at most
+ * QUERY_CHUNK queries runs one item per key chunk instead (flash-decoding), and its chunks'
+ * partials are folded afterwards in chunk order: the same folds, in the same order, as one
+ * item would do, so the same bits. */
+int tandem_paged_attention(const float *q, int64_t q_stride, const void *k_cache,
+                           const void *v_cache, float *out, const int64_t *req,
                            const int64_t *kv_slots, int64_t num_reqs, int64_t lmax, int64_t h,
                            int64_t hkv, int64_t d, float scale, int64_t window, float softcap,
-                           int threads) {
-    if (d > MAX_HEAD_DIM || d % 16 || hkv <= 0 || h % hkv || num_reqs < 0) return -1;
-    int nt = threads > 1 ? threads : 1;
-    int64_t work = 0;
-    /* one pass state per thread, its value sums at 64-byte alignment */
-    size_t pass_bytes = (sizeof(pass_t) + sizeof(vf) * 2 * PASS_ROWS * (size_t)(d / LANES)
-                         + 63) / 64 * 64;
-    int64_t *first = malloc(sizeof(int64_t) * (size_t)(num_reqs + 1));  /* r's first item */
-    char *state = aligned_alloc(64, pass_bytes * (size_t)nt);
-    if (!first || !state) {
-        free(first);
-        free(state);
+                           int kv_type, int threads) {
+    if (d > MAX_HEAD_DIM || d % 16 || hkv <= 0 || h % hkv || num_reqs < 0
+        || kv_row_bytes(kv_type, d) == 0)
+        return -1;
+    const int nt = threads > 1 ? threads : 1;
+    const int64_t nv = d / LANES;
+    int64_t work = 0, plain = 0, split_rows = 0, max_items = 0;
+    for (int64_t r = 0; r < num_reqs; r++) {
+        work += req[3 * r + 1] * req[3 * r + 2];
+        plain += (req[3 * r + 1] + QUERY_CHUNK - 1) / QUERY_CHUNK;
+        max_items += (req[3 * r + 1] + QUERY_CHUNK - 1) / QUERY_CHUNK
+                     + (req[3 * r + 2] + CHUNK_KEYS - 1) / CHUNK_KEYS;
+    }
+    const int spread = nt > 1 && plain < 2 * nt;  /* threads would idle: split long requests */
+    item_t *items = malloc(sizeof(item_t) * (size_t)(max_items + 1));
+    int64_t *part_at = malloc(sizeof(int64_t) * (size_t)(num_reqs + 1));  /* r's first part */
+    int64_t n = 0;
+    if (!items || !part_at) {
+        free(items);
+        free(part_at);
         return -1;
     }
-    first[0] = 0;
     for (int64_t r = 0; r < num_reqs; r++) {
-        first[r + 1] = first[r] + (req[3 * r + 1] + QUERY_CHUNK - 1) / QUERY_CHUNK;
-        work += req[3 * r + 1] * req[3 * r + 2];
+        const int64_t qlen = req[3 * r + 1], slen = req[3 * r + 2];
+        const int64_t chunks = (slen + CHUNK_KEYS - 1) / CHUNK_KEYS;
+        part_at[r] = split_rows;
+        if (spread && qlen > 0 && qlen <= QUERY_CHUNK && chunks > 1) {
+            for (int64_t ck = 0; ck < chunks; ck++)  /* a chunk without a row's keys: m = -inf */
+                items[n++] = (item_t){r, 0, qlen, ck};
+            split_rows += qlen * h * chunks;
+        } else {
+            for (int64_t i0 = 0; i0 < qlen; i0 += QUERY_CHUNK)
+                items[n++] = (item_t){r, i0, i0 + QUERY_CHUNK < qlen ? i0 + QUERY_CHUNK : qlen,
+                                      -1};
+        }
     }
-    int64_t items = first[num_reqs];
+    part_at[num_reqs] = split_rows;
+    /* one pass state per thread: its value sums, the running sums, two tiles of widened rows */
+    const size_t tile_bytes = sizeof(float) * KEY_TILE * (size_t)d;
+    const size_t pass_bytes = (sizeof(pass_t) + sizeof(vf) * 3 * PASS_ROWS * (size_t)nv
+                               + 2 * tile_bytes + 63) / 64 * 64;
+    char *state = scratch(0, pass_bytes * (size_t)nt);
+    vf *pa = scratch(1, sizeof(vf) * (size_t)(split_rows * nv) + sizeof(float) * 2
+                        * (size_t)split_rows + 64);
+    if (!state || !pa) {
+        free(items), free(part_at);
+        return -1;
+    }
+    float *pm = (float *)(pa + split_rows * nv);  /* [2, split rows]: maxima, then sums */
+    for (int t = 0; t < nt; t++) {
+        pass_t *st = (pass_t *)(state + pass_bytes * (size_t)t);
+        st->run = st->acc + 2 * PASS_ROWS * nv;
+        st->kt = (float *)((char *)st + pass_bytes - 2 * tile_bytes);
+        st->vt = st->kt + KEY_TILE * d;
+    }
+    const cache_t cache = {(const char *)k_cache, (const char *)v_cache, NULL, hkv, 0,
+                           kv_row_bytes(kv_type, d), kv_type};
     /* Below ~64k multiply-adds a second thread costs more to wake than it saves. */
-    int parallel = nt > 1 && items > 1 && work * h * d >= (1 << 16);
+    const int parallel = nt > 1 && n > 1 && work * h * d >= (1 << 16);
     (void)parallel;
 #pragma omp parallel for num_threads(nt) schedule(dynamic, 1) if (parallel)
-    for (int64_t it = 0; it < items; it++) {
+    for (int64_t it = 0; it < n; it++) {
 #ifdef _OPENMP
         pass_t *st = (pass_t *)(state + pass_bytes * (size_t)omp_get_thread_num());
 #else
         pass_t *st = (pass_t *)state;
 #endif
-        int64_t a = 0, b = num_reqs - 1;  /* the item's request: the last r with first[r] <= it */
-        while (a < b) {
-            int64_t mid = (a + b + 1) / 2;
-            if (first[mid] <= it) a = mid;
-            else b = mid - 1;
-        }
-        int64_t qlen = req[3 * a + 1], i0 = (it - first[a]) * QUERY_CHUNK;
-        int64_t i1 = i0 + QUERY_CHUNK < qlen ? i0 + QUERY_CHUNK : qlen;
-        attend_queries(q, q_stride, k_cache, v_cache, out, req[3 * a], i0, i1, qlen,
-                       req[3 * a + 2], kv_slots + a * lmax, h, hkv, d, scale, window, softcap,
-                       st);
+        const item_t w = items[it];
+        const int64_t qlen = req[3 * w.r + 1], slen = req[3 * w.r + 2];
+        const int64_t at = part_at[w.r], chunks = (slen + CHUNK_KEYS - 1) / CHUNK_KEYS;
+        const parts_t parts = {pm + at, pm + split_rows + at, pa + at * nv, chunks};
+        cache_t c = cache;
+        c.slots = kv_slots + w.r * lmax;
+        attend_queries(q, q_stride, &c, out, req[3 * w.r], w.i0, w.i1, qlen, slen, h, d, scale,
+                       window, softcap, w.chunk, &parts, st);
     }
-    free(first);
-    free(state);
+    /* The split requests' rows: their chunks' partials folded in chunk order. */
+#pragma omp parallel for num_threads(nt) schedule(static) if (parallel && split_rows > 0)
+    for (int64_t r = 0; r < num_reqs; r++) {
+        const int64_t qlen = req[3 * r + 1], slen = req[3 * r + 2];
+        const int64_t chunks = (slen + CHUNK_KEYS - 1) / CHUNK_KEYS;
+        if (part_at[r + 1] == part_at[r]) continue;
+        vf acc[NV_MAX];
+        for (int64_t row = 0; row < qlen * h; row++) {
+            const int64_t base = part_at[r] + row * chunks;
+            float m = -INFINITY, t = 0.0f;
+            for (int64_t e = 0; e < nv; e++) acc[e] = (vf){0};
+            for (int64_t ck = 0; ck < chunks; ck++)
+                fold(&m, &t, acc, pm[base + ck], pm[split_rows + base + ck],
+                     pa + (base + ck) * nv, (int)nv);
+            float *o = out + (req[3 * r] * h + row) * d;  /* row = query * h + head */
+            const vf inv = splat(1.0f / t);
+            for (int64_t e = 0; e < nv; e++) store(o + e * LANES, acc[e] * inv);
+        }
+    }
+    free(items), free(part_at);
     return 0;
 }

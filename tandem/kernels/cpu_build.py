@@ -43,8 +43,8 @@ logger = logging.getLogger("tandem")
 MODES = ("auto", "c", "torch")
 HERE = Path(__file__).parent
 HEADERS = [HERE / "vec.h", HERE / "vmath.h", HERE / "kernels.h", HERE / "f16.h",
-           HERE / "quant_format.h", HERE / "quant_r16_c.h", HERE / "decoder_scratch.h",
-           HERE / "quant_r16_vec.h"]
+           HERE / "kv_format.h", HERE / "attention_tile.h", HERE / "quant_format.h",
+           HERE / "quant_r16_c.h", HERE / "decoder_scratch.h", HERE / "quant_r16_vec.h"]
 SOURCES = {HERE / "cpu_kernels.c": ["-ffp-contract=off"],
            HERE / "cpu_attention.c": ["-ffp-contract=fast"],
            HERE / "cpu_gemm.c": ["-ffp-contract=fast"],
@@ -64,9 +64,11 @@ SIGNATURES = {  # name -> (argtypes, restype)
     "tandem_add_rms_norm": ([_P, _P, _P, _P, _P, _I, _I, _F, _INT], None),
     "tandem_silu_and_mul": ([_P, _P, _I, _I], None),
     "tandem_gelu_tanh_and_mul": ([_P, _P, _I, _I], None),
-    "tandem_rope_write_kv": ([_P, _I, _I, _I, _I, _P, _P, _P, _P, _P, _P, _P, _F, _INT], _INT),
+    "tandem_rope_write_kv": ([_P, _I, _I, _I, _I, _P, _P, _P, _P, _P, _P, _P, _F, _INT, _INT],
+                             _INT),
+    "tandem_kv_rows": ([_INT, _P, _I, _I, _P, _P], _INT),
     "tandem_paged_attention": ([_P, _I, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _F, _I, _F,
-                                _INT], _INT),
+                                _INT, _INT], _INT),
     "tandem_row_sum": ([_P, _I, _I, _P, _INT], None),
     "tandem_linear": ([_P, _P, _P, _P, _I, _I, _I, _INT], _INT),
     "tandem_evict": ([_P, _I], _INT),

@@ -15,8 +15,9 @@ enum { IN_NORM, POST_NORM, QKV_W, QKV_B, O_W, GATE_UP_W, DOWN_W, Q_NORM, K_NORM,
 #define P(l, i) ((float *)(intptr_t)table[(l) * LAYER_PTRS + (i)])
 
 /* x [t, hidden]: the embeddings (read only); out [t, hidden]: the final norm's output.
- * dims: hidden, intermediate, heads, kv heads, head size, and 1 where the four weights of every
- * layer are quantized-weight descriptors (cpu_quant.c) instead of float32. cos, sin: [t, d];
+ * dims: hidden, intermediate, heads, kv heads, head size, 1 where the four weights of every
+ * layer are quantized-weight descriptors (cpu_quant.c) instead of float32, and the KV caches'
+ * row format (kv_format.h). cos, sin: [t, d];
  * slots [t]; requests [g, 3] and kv_slots [g, lmax]: every request of the step (cpu_attention.c).
  * Returns 0, or -1 (out unspecified) when a kernel refuses its sizes or memory runs out. */
 int tandem_llama_stack(const float *x, float *out, int64_t t, const int64_t *dims,
@@ -26,7 +27,7 @@ int tandem_llama_stack(const float *x, float *out, int64_t t, const int64_t *dim
                        const int64_t *kv_slots, int64_t groups, int64_t lmax, float scale,
                        int threads) {
     int64_t hidden = dims[0], inter = dims[1], h = dims[2], hkv = dims[3], d = dims[4];
-    int q = (int)dims[5];
+    int q = (int)dims[5], kv = (int)dims[6];
     int64_t qkv_n = (h + 2 * hkv) * d;
     stack_scratch sc;
     if (stack_scratch_alloc(&sc, t, hidden, qkv_n, h * d, inter)) return -1;
@@ -42,9 +43,9 @@ int tandem_llama_stack(const float *x, float *out, int64_t t, const int64_t *dim
         rc |= stack_matmul(q, normed, P(l, QKV_W), P(l, QKV_B), qkv, t, qkv_n, hidden, threads);
         rc |= tandem_rope_write_kv(qkv, t, h, hkv, d, cos, sin, slots, P(l, K_CACHE),
                                    P(l, V_CACHE), P(l, Q_NORM), P(l, K_NORM), qk_eps,
-                                   qk_unit_offset);
+                                   qk_unit_offset, kv);
         rc |= tandem_paged_attention(qkv, qkv_n, P(l, K_CACHE), P(l, V_CACHE), attn, requests,
-                                     kv_slots, groups, lmax, h, hkv, d, scale, 0, 0.0f,
+                                     kv_slots, groups, lmax, h, hkv, d, scale, 0, 0.0f, kv,
                                      threads);
         rc |= stack_matmul(q, attn, P(l, O_W), NULL, normed, t, hidden, h * d, threads);
         /* normed holds the attention block's output; the stream absorbs it, normed gets the

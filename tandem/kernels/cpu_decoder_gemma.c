@@ -18,8 +18,9 @@ enum { IN_NORM, POST_ATTN_NORM, PRE_FF_NORM, POST_FF_NORM, QKV_W, QKV_B, O_W, GA
 #define P(l, i) ((float *)(intptr_t)table[(l) * LAYER_PTRS + (i)])
 
 /* x [t, hidden]: the embeddings (read only); out [t, hidden]: the final norm's output.
- * dims: hidden, intermediate, heads, kv heads, head size, and 1 where the four weights of every
- * layer are quantized-weight descriptors (cpu_quant.c) instead of float32.
+ * dims: hidden, intermediate, heads, kv heads, head size, 1 where the four weights of every
+ * layer are quantized-weight descriptors (cpu_quant.c) instead of float32, and the KV caches'
+ * row format (kv_format.h).
  * kinds [layers, 2]: each layer's sliding window (0: every key) and rope (1: the local tables
  * cos_local/sin_local, 0: the global ones; each [t, d]). q/k norms: in the table, or NULL for
  * none. slots [t]; requests [g, 3] and kv_slots [g, lmax]: every request of the step
@@ -33,7 +34,7 @@ int tandem_gemma_stack(const float *x, float *out, int64_t t, const int64_t *dim
                        const int64_t *kv_slots, int64_t groups, int64_t lmax, float scale,
                        int threads) {
     int64_t hidden = dims[0], inter = dims[1], h = dims[2], hkv = dims[3], d = dims[4];
-    int q = (int)dims[5];
+    int q = (int)dims[5], kv = (int)dims[6];
     int64_t qkv_n = (h + 2 * hkv) * d;
     stack_scratch sc;
     if (stack_scratch_alloc(&sc, t, hidden, qkv_n, h * d, inter)) return -1;
@@ -51,9 +52,9 @@ int tandem_gemma_stack(const float *x, float *out, int64_t t, const int64_t *dim
         rc |= stack_matmul(q, normed, P(l, QKV_W), P(l, QKV_B), qkv, t, qkv_n, hidden, threads);
         rc |= tandem_rope_write_kv(qkv, t, h, hkv, d, local ? cos_local : cos_global,
                                    local ? sin_local : sin_global, slots, P(l, K_CACHE),
-                                   P(l, V_CACHE), P(l, Q_NORM), P(l, K_NORM), qk_eps, 1);
+                                   P(l, V_CACHE), P(l, Q_NORM), P(l, K_NORM), qk_eps, 1, kv);
         rc |= tandem_paged_attention(qkv, qkv_n, P(l, K_CACHE), P(l, V_CACHE), attn, requests,
-                                     kv_slots, groups, lmax, h, hkv, d, scale, window, 0.0f,
+                                     kv_slots, groups, lmax, h, hkv, d, scale, window, 0.0f, kv,
                                      threads);
         rc |= stack_matmul(q, attn, P(l, O_W), NULL, block, t, hidden, h * d, threads);
         /* normed in place (the kernel reads a row whole before writing it), then added to the

@@ -15,6 +15,7 @@
 #include <math.h>
 
 #include "kernels.h"
+#include "kv_format.h"
 #include "vec.h"
 #include "vmath.h"
 
@@ -112,13 +113,15 @@ static void norm_rotate(float *x, const float *cos, const float *sin, int64_t d,
 }
 
 /* qkv [T, (H + 2 Hkv) D] (the fused projection's output) in place: q and k heads normalised
- * (when weights are given) and rotated; then k and v written to the caches [slots, Hkv, D] at
- * slots[t]. cos, sin: [T, D]. Returns -1 if D is too large (the caller checks first). */
+ * (when weights are given) and rotated; then k and v written to the caches [slots, Hkv, row] at
+ * slots[t], each row in the cache's format kv_type (kv_format.h). cos, sin: [T, D]. Returns -1
+ * if D is too large or the format does not take it (the caller checks first). */
 int tandem_rope_write_kv(float *qkv, int64_t t_count, int64_t h, int64_t hkv, int64_t d,
                          const float *cos, const float *sin, const int64_t *slots,
-                         float *k_cache, float *v_cache, const float *q_norm_w,
-                         const float *k_norm_w, float eps, int unit_offset) {
-    if (d > MAX_HEAD_DIM || d % 2) return -1;
+                         void *k_cache, void *v_cache, const float *q_norm_w,
+                         const float *k_norm_w, float eps, int unit_offset, int kv_type) {
+    const int64_t rb = kv_row_bytes(kv_type, d);
+    if (d > MAX_HEAD_DIM || d % 2 || rb == 0) return -1;
     int64_t row = (h + 2 * hkv) * d;
     for (int64_t t = 0; t < t_count; t++) {
         float *x = qkv + t * row;
@@ -126,8 +129,25 @@ int tandem_rope_write_kv(float *qkv, int64_t t_count, int64_t h, int64_t hkv, in
         for (int64_t i = 0; i < h; i++) norm_rotate(x + i * d, c, s, d, q_norm_w, eps, unit_offset);
         for (int64_t i = h; i < h + hkv; i++)
             norm_rotate(x + i * d, c, s, d, k_norm_w, eps, unit_offset);
-        memcpy(k_cache + slots[t] * hkv * d, x + h * d, hkv * d * sizeof(float));
-        memcpy(v_cache + slots[t] * hkv * d, x + (h + hkv) * d, hkv * d * sizeof(float));
+        for (int64_t i = 0; i < hkv; i++) {  /* each KV head's row in the cache's format */
+            kv_store_row(kv_type, (char *)k_cache + (slots[t] * hkv + i) * rb, x + (h + i) * d, d);
+            kv_store_row(kv_type, (char *)v_cache + (slots[t] * hkv + i) * rb,
+                         x + (h + hkv + i) * d, d);
+        }
+    }
+    return 0;
+}
+
+/* rows [n, d] float32 stored in the cache format kv_type into stored (n rows of its bytes), and
+ * read back into loaded [n, d]: the kernels' two conversions, for the tests. -1 where the format
+ * does not take d. */
+int tandem_kv_rows(int kv_type, const float *rows, int64_t n, int64_t d, void *stored,
+                   float *loaded) {
+    const int64_t rb = kv_row_bytes(kv_type, d);
+    if (rb == 0 || d % 16) return -1;
+    for (int64_t r = 0; r < n; r++) {
+        kv_store_row(kv_type, (char *)stored + r * rb, rows + r * d, d);
+        kv_load_row(kv_type, (const char *)stored + r * rb, loaded + r * d, d);
     }
     return 0;
 }

@@ -12,16 +12,18 @@ void tandem_silu_and_mul(const float *gu, float *out, int64_t rows, int64_t inte
 void tandem_gelu_tanh_and_mul(const float *gu, float *out, int64_t rows, int64_t inter);
 int tandem_rope_write_kv(float *qkv, int64_t t_count, int64_t h, int64_t hkv, int64_t d,
                          const float *cos, const float *sin, const int64_t *slots,
-                         float *k_cache, float *v_cache, const float *q_norm_w,
-                         const float *k_norm_w, float eps, int unit_offset);
+                         void *k_cache, void *v_cache, const float *q_norm_w,
+                         const float *k_norm_w, float eps, int unit_offset, int kv_type);
+int tandem_kv_rows(int kv_type, const float *rows, int64_t n, int64_t d, void *stored,
+                   float *loaded);
 void tandem_row_sum(const float *x, int64_t rows, int64_t n, float *out, int threads);
 
 /* cpu_attention.c */
-int tandem_paged_attention(const float *q, int64_t q_stride, const float *k_cache,
-                           const float *v_cache, float *out, const int64_t *req,
+int tandem_paged_attention(const float *q, int64_t q_stride, const void *k_cache,
+                           const void *v_cache, float *out, const int64_t *req,
                            const int64_t *kv_slots, int64_t num_reqs, int64_t lmax, int64_t h,
                            int64_t hkv, int64_t d, float scale, int64_t window, float softcap,
-                           int threads);
+                           int kv_type, int threads);
 
 /* cpu_gemm.c */
 int tandem_linear(const float *x, const float *w, const float *bias, float *y, int64_t m,

@@ -23,7 +23,7 @@ from typing import Optional
 
 import torch
 
-from tandem.kernels import cpu as cpu_kernels
+from tandem.kernels import cpu_sampling
 from tandem.sample.metadata import SamplingMetadata
 
 _M32 = 0xFFFFFFFF
@@ -117,13 +117,13 @@ def gumbel_sample(probs: torch.Tensor, keys: torch.Tensor,
     num_rows, vocab = probs.shape
     if num_rows == 0:
         return torch.empty(0, dtype=torch.int64, device=probs.device)
-    fast = cpu_kernels.gumbel_candidates(probs, keys, token_ids)  # the columns that can win
+    fast = cpu_sampling.gumbel_candidates(probs, keys, token_ids)  # the columns that can win
     if fast is not None:
         start, cols = fast
         rows = torch.repeat_interleave(torch.arange(num_rows), start.diff())  # [C]
         scores = torch.log(probs[rows, cols])                                  # [C]
         ids = cols if token_ids is None else token_ids[cols].contiguous()
-        out = cpu_kernels.gumbel_argmax_sparse(scores, start, ids, cols, keys)
+        out = cpu_sampling.gumbel_argmax_sparse(scores, start, ids, cols, keys)
         return out if out is not None else _pick(scores, rows, cols, keys, token_ids, num_rows,
                                                  vocab)
     top, top_col = probs.max(dim=-1)                                         # [B] each

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from tandem.kernels import cpu as cpu_kernels
+from tandem.kernels import cpu_sampling
 from tandem.sample.metadata import SamplingMetadata
 
 
@@ -108,7 +108,7 @@ def _renormalised(probs: torch.Tensor, filtered: torch.Tensor, top_k: torch.Tens
 def row_sum(x: torch.Tensor) -> torch.Tensor:
     """[B, V] -> [B, 1]: each row summed in one order whatever the batch (the CPU kernel's;
     torch's sum elsewhere, which on a CPU would split a lone row over the threads)."""
-    fast = cpu_kernels.row_sum(x)
+    fast = cpu_sampling.row_sum(x)
     return fast if fast is not None else x.sum(dim=-1, keepdim=True)
 
 
@@ -188,5 +188,5 @@ def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
     """[B, V] -> [B] int64: each row's argmax, the first of equal maxima and a row's first NaN
     (torch.argmax's choice), by the CPU kernel where it reads the layout (16 rows of 49,152 on 2
     threads held to AVX2: torch's 333 us, the kernel's 49; one row 43 and 9)."""
-    fast = cpu_kernels.argmax(logits)
+    fast = cpu_sampling.argmax(logits)
     return fast if fast is not None else logits.argmax(dim=-1)
