@@ -12,6 +12,8 @@ from typing import Any, Optional, Union
 
 import torch
 
+from tandem.attention.kv_format import check_kv_cache_dtype
+from tandem.attention.kv_format import resolve as resolve_kv_format
 from tandem.compilation_config import CompilationConfig
 from tandem.distributed.launch import launch_from
 from tandem.distributed.parallel_config import ParallelConfig
@@ -34,6 +36,7 @@ class CacheConfig:
     enable_prefix_caching: bool = True
     gpu_memory_utilization: float = 0.9
     kv_cache_memory_bytes: Optional[int] = None  # CPU budget; default DEFAULT_CPU_KV_CACHE_BYTES
+    kv_cache_dtype: str = "auto"  # the cache's row format (attention/kv_format.py)
 
     def __post_init__(self) -> None:
         if self.block_size not in (1, 8, 16, 32, 64, 128):
@@ -69,11 +72,25 @@ class SchedulerConfig:
 
 
 def _check_weights_and_cache(kv_cache_dtype: str, max_logprobs: int) -> None:
-    if kv_cache_dtype != "auto":
-        raise ValueError(f"kv_cache_dtype={kv_cache_dtype!r} is not supported: the KV cache "
-                         "keeps the model's dtype; supported: ['auto'].")
+    check_kv_cache_dtype(kv_cache_dtype)
     if not isinstance(max_logprobs, int) or max_logprobs < -1:
         raise ValueError(f"max_logprobs must be -1 (no limit) or at least 0, got {max_logprobs}.")
+
+
+def _check_cache_formats(kv_cache_dtype: str, mc: ModelConfig,
+                         spec: Optional[SpeculativeConfig], device: torch.device) -> None:
+    """Each model's KV cache format resolves against its dtype, and on CUDA is that dtype (the
+    CUDA kernels read a cache of the model's own type)."""
+    checks = [(kv_cache_dtype, mc.dtype, "kv_cache_dtype")]
+    if spec is not None:
+        own = spec.kv_cache_dtype
+        checks.append((own or kv_cache_dtype, spec.draft_model_config.dtype,
+                       "speculative_config['kv_cache_dtype']" if own else "kv_cache_dtype"))
+    for value, dtype, key in checks:
+        fmt = resolve_kv_format(value, dtype, device, key)
+        if device.type == "cuda" and fmt.storage is not dtype:
+            raise ValueError(f"{key}={value!r} is not supported on CUDA: its kernels read a KV "
+                             f"cache of the model's own dtype ({dtype}); use 'auto'.")
 
 
 def _parallel_config(tp: int, nnodes: Optional[int], node_rank: Optional[int],
@@ -158,7 +175,9 @@ class EngineConfig:
                                                sched.max_num_seqs)
         cache = CacheConfig(block_size=block_size, enable_prefix_caching=enable_prefix_caching,
                             gpu_memory_utilization=gpu_memory_utilization,
-                            kv_cache_memory_bytes=kv_cache_memory_bytes)
+                            kv_cache_memory_bytes=kv_cache_memory_bytes,
+                            kv_cache_dtype=kv_cache_dtype)
+        _check_cache_formats(kv_cache_dtype, model_config, spec, dev)
         return EngineConfig(model_config, cache, sched, parallel, dev, spec,
                             log_stats=not disable_log_stats, max_logprobs=max_logprobs,
                             generation_config=generation_config, enforce_eager=enforce_eager,

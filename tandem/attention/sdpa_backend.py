@@ -22,15 +22,17 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
+from tandem.attention.kv_format import format_of
 from tandem.attention.metadata import AttentionMetadata, AttnGroup
 from tandem.kernels import cpu as cpu_kernels
 
 
 def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
              slot_mapping: torch.Tensor) -> None:
-    # caches: [num_slots, Hkv, D]; k, v: [T, Hkv, D]
-    k_cache.index_copy_(0, slot_mapping, k)
-    v_cache.index_copy_(0, slot_mapping, v)
+    # caches: [num_slots, Hkv, row] in their format (kv_format.py); k, v: [T, Hkv, D]
+    fmt = format_of(k_cache)
+    k_cache.index_copy_(0, slot_mapping, fmt.store(k))
+    v_cache.index_copy_(0, slot_mapping, fmt.store(v))
 
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -68,7 +70,7 @@ def _attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, g: At
     else:
         # index_select, not fancy indexing: the latter is ~1000x slower on CPU for these shapes.
         qg = q.index_select(0, g.q_index.view(-1))
-    kg, vg = _gather(k_cache, g), _gather(v_cache, g)  # [G, Hkv, Lmax, D]
+    kg, vg = _gather(k_cache, g, q.dtype), _gather(v_cache, g, q.dtype)  # [G, Hkv, Lmax, D]
     if softcap is not None:
         return _attend_softcap(qg.view(n, qmax, h, d).transpose(1, 2), kg, vg, g, scale,
                                sliding_window, softcap)
@@ -109,8 +111,13 @@ def _attend_softcap(qg: torch.Tensor, kg: torch.Tensor, vg: torch.Tensor, g: Att
     return out.view(n, h, qmax, d).transpose(1, 2).reshape(n * qmax, h, d)
 
 
-def _gather(cache: torch.Tensor, g: AttnGroup) -> torch.Tensor:
-    """cache [num_slots, Hkv, D] -> [G, Hkv, Lmax, D], each request's keys in position order."""
-    _, hkv, d = cache.shape
+def _gather(cache: torch.Tensor, g: AttnGroup, dtype: torch.dtype) -> torch.Tensor:
+    """cache [num_slots, Hkv, row] -> [G, Hkv, Lmax, D] in dtype, each request's keys in
+    position order, widened from the cache's format."""
+    _, hkv, row = cache.shape
     n, lmax = g.kv_slots.shape
-    return cache.index_select(0, g.kv_slots.view(-1)).view(n, lmax, hkv, d).transpose(1, 2)
+    rows = cache.index_select(0, g.kv_slots.view(-1)).view(n, lmax, hkv, row)
+    fmt = format_of(cache)
+    if fmt.storage is not dtype:
+        rows = fmt.load(rows).to(dtype)
+    return rows.transpose(1, 2)

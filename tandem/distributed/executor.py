@@ -27,7 +27,7 @@ from tandem.distributed.launch import Launch, heartbeat_store, join
 from tandem.distributed.parallel_state import SINGLE
 from tandem.distributed.worker import HEARTBEAT_S, load_models, start_worker
 from tandem.worker.graph_runner import GraphRunner, make_runner
-from tandem.worker.kv_cache import allocate_kv_caches
+from tandem.worker.kv_cache import allocate_kv_caches, kv_formats
 from tandem.worker.model_runner import ForwardBatch
 
 logger = logging.getLogger("tandem")
@@ -45,10 +45,11 @@ class LocalExecutor:
     def allocate_kv(self, num_blocks: int) -> None:
         """Bind every model's KV caches, then capture the target's CUDA graphs, which hold the
         caches' addresses (graph_runner.py; nothing is captured without a plan)."""
-        for model in self.models.values():
+        formats = kv_formats(self.config)
+        for which, model in self.models.items():
             if model is not None:
                 allocate_kv_caches(model, num_blocks, self.config.cache_config.block_size,
-                                   self.config.model_config.dtype, self.config.device)
+                                   formats[which], self.config.device)
         for runner in self.runners.values():
             runner.capture()
 

@@ -26,7 +26,7 @@ from torch import nn
 from tandem.distributed.launch import Launch, heartbeat_store, join
 from tandem.distributed.parallel_state import SINGLE, TPGroup, building_for
 from tandem.worker.graph_runner import make_runner
-from tandem.worker.kv_cache import allocate_kv_caches
+from tandem.worker.kv_cache import allocate_kv_caches, kv_formats
 
 logger = logging.getLogger("tandem")
 HEARTBEAT_S = 1.0
@@ -81,10 +81,11 @@ def worker_main(rank: int, launch: Launch, config: Any, threads: int) -> None:
     runners = {which: make_runner(config, which, m) for which, m in models.items()
                if m is not None}
     num_blocks = receive(joined.commands)
-    for model in models.values():
+    formats = kv_formats(config)
+    for which, model in models.items():
         if model is not None:
             allocate_kv_caches(model, num_blocks, config.cache_config.block_size,
-                               config.model_config.dtype, config.device)
+                               formats[which], config.device)
     stop = threading.Event()
     threading.Thread(target=_heartbeat, args=(launch, rank, stop), daemon=True).start()
     try:

@@ -43,7 +43,7 @@ from tandem.spec_decode.metrics import SpecDecodeMetrics
 from tandem.spec_decode.factory import build_proposer, build_samplers
 from tandem.spec_decode.proposer import DraftProposer
 from tandem.spec_decode.schedule import BatchSizeSchedule
-from tandem.worker.kv_cache import determine_num_blocks
+from tandem.worker.kv_cache import check_format, determine_num_blocks, kv_formats
 from tandem.worker.model_runner import ModelRunner, RunnerOutput
 
 logger = logging.getLogger("tandem")
@@ -64,11 +64,14 @@ class LLMEngine:
         self.draft_model = self.executor.models["draft"]
         logger.info("Loaded %s (%s%s) in %.1f s", mc.model, mc.architecture,
                     f", drafter {spec.model}" if spec else "", time.perf_counter() - t0)
-        models = [m for m in (self.model, self.draft_model) if m is not None]
+        formats = kv_formats(config)
+        models = [(m, formats[w]) for w, m in (("target", self.model), ("draft", self.draft_model))
+                  if m is not None]
+        for m, fmt in models:
+            check_format(m, fmt)
         cache, sched = config.cache_config, config.scheduler_config
-        self.num_blocks = determine_num_blocks(models, cache, mc.dtype, self.device,
-                                               mc.max_model_len, sched.max_num_seqs,
-                                               sched.num_lookahead_tokens)
+        self.num_blocks = determine_num_blocks(models, cache, self.device, mc.max_model_len,
+                                               sched.max_num_seqs, sched.num_lookahead_tokens)
         self.executor.allocate_kv(self.num_blocks)
         self.kv = KVCacheManager(self.num_blocks, cache.block_size, cache.enable_prefix_caching)
         self.scheduler = Scheduler(sched, self.kv)

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from tandem.attention.context import get_forward_context
+from tandem.attention.kv_format import FORMATS, KVFormat
 from tandem.attention.sdpa_backend import paged_attention, write_kv
 from tandem.kernels import cpu as cpu_kernels
 from tandem.kernels import triton_route
@@ -27,9 +28,11 @@ class Attention(nn.Module):
         self.scale = scale
         self.sliding_window = sliding_window
         self.softcap = softcap  # Gemma 2: scores become softcap * tanh(scores / softcap)
-        # Bound by the model runner to views of the engine's KV tensors: [num_slots, Hkv, D].
+        # Bound by the engine (worker/kv_cache.py) to its KV tensors: [num_slots, Hkv, row], a
+        # row one token's D numbers in the cache's format (attention/kv_format.py).
         self.k_cache: torch.Tensor = torch.empty(0)
         self.v_cache: torch.Tensor = torch.empty(0)
+        self.kv_format: KVFormat = FORMATS["float32"]
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         # q: [T, H, D], k/v: [T, Hkv, D] -> [T, H * D]
@@ -49,7 +52,7 @@ class Attention(nn.Module):
         h, hkv, d = self.num_heads, self.num_kv_heads, self.head_dim
         meta = get_forward_context()
         triton = triton_route.kernels_for(qkv)
-        if triton is not None and meta.paged is not None:
+        if triton is not None and meta.paged is not None and self.k_cache.dtype == qkv.dtype:
             return self._triton_qkv(triton, qkv, rope, q_norm, k_norm)
         if cpu_kernels.rope_write_kv(qkv, rope, meta.slot_mapping, self.k_cache, self.v_cache,
                                      h, hkv, d, q_norm, k_norm):

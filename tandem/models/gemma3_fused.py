@@ -34,7 +34,7 @@ _POINTERS = 13  # per layer, in cpu_decoder_gemma.c's order
 @dataclass
 class _Plan:
     """What a Gemma 3 stack needs for the fused call, checked once per model."""
-    dims: torch.Tensor     # [6] int64, llama_fused.stack_dims's
+    dims: torch.Tensor     # [7] int64, llama_fused.stack_dims's
     kinds: torch.Tensor    # [layers, 2] int64: sliding window (0: every key), 1 for local rope
     eps: float
     qk_eps: float

@@ -42,7 +42,8 @@ class DecoderStack(Protocol):
 
 class FusedPlan(Protocol):
     """What the helpers below read of a fused stack's plan (this module's, gemma3_fused's)."""
-    weights: list[torch.Tensor]  # one of each float linear shape, for the matmul choice
+    dims: torch.Tensor           # [7] int64: stack_dims's
+    weights: list[torch.Tensor]  # one of each float linear shape (c_multiplies checks them)
     table: Optional[torch.Tensor]
     table_key: tuple
 
@@ -54,13 +55,14 @@ _POINTERS = 11  # per layer, in cpu_decoder.c's order
 @dataclass
 class _Plan:
     """What a model's stack needs for the fused call, checked once per model."""
-    dims: torch.Tensor          # [6] int64: hidden, intermediate, heads, KV heads, head size,
-                                #   1 where the weights are quantized (descriptors in the table)
+    dims: torch.Tensor          # [7] int64: hidden, intermediate, heads, KV heads, head size,
+                                #   1 where the weights are quantized (descriptors in the table),
+                                #   the KV caches' format code
     eps: float
     qk_eps: float
     qk_unit_offset: bool
     scale: float
-    weights: list[torch.Tensor]  # one of each linear shape, for the matmul choice (float only)
+    weights: list[torch.Tensor]  # one of each float linear shape (c_multiplies checks them)
     table: Optional[torch.Tensor] = None  # [layers, 11] int64 addresses, once caches are bound
     table_key: tuple = ()
 
@@ -72,9 +74,10 @@ def f32(t: Optional[torch.Tensor]) -> bool:
 def stack_dims(model: DecoderStack) -> Optional[tuple[torch.Tensor, list[torch.Tensor]]]:
     """What both C stacks need of any model (Llama's and Gemma's): (dims, weights) where the
     layers have one rank, no bias but q/k/v's, float32 CPU parameters, a head size the kernels
-    take, and every linear weight quantized or none; else None. dims: [6] int64 (hidden,
-    intermediate, heads, KV heads, head size, 1 for quantized); weights: one of each float
-    linear shape, for the matmul choice (none when quantized: only our kernels multiply them)."""
+    take, every linear weight quantized or none, and one KV cache format; else None. dims: [7]
+    int64 (hidden, intermediate, heads, KV heads, head size, 1 for quantized, the caches' format
+    code: attention/kv_format.py); weights: one of each float linear shape (none when
+    quantized: only our kernels multiply them)."""
     layers = list(model.layers)
     if not layers:
         return None
@@ -83,13 +86,15 @@ def stack_dims(model: DecoderStack) -> Optional[tuple[torch.Tensor, list[torch.T
               and layer.mlp.gate_up_proj.bias is None and layer.mlp.down_proj.bias is None
               for layer in layers)
           and all(f32(p) for p in model.parameters() if not p.is_meta)
-          and a0.head_dim % 2 == 0 and cpu_kernels.attention_takes(a0.head_dim))
+          and a0.head_dim % 2 == 0 and cpu_kernels.attention_takes(a0.head_dim)
+          and len({layer.self_attn.attn.kv_format for layer in layers}) == 1)
     quantized = {is_quantized(m) for layer in layers for m in layer_linears(layer)}
     if not ok or len(quantized) != 1:  # every weight quantized, or none
         return None
     q = quantized.pop()
     dims = torch.tensor([a0.qkv_proj.weight.shape[1], m0.down_proj.weight.shape[1],
-                         a0.num_heads, a0.num_kv_heads, a0.head_dim, int(q)])
+                         a0.num_heads, a0.num_kv_heads, a0.head_dim, int(q),
+                         a0.attn.kv_format.code])
     return dims, [] if q else [m.weight for m in layer_linears(layers[0])]
 
 
@@ -133,12 +138,14 @@ def address_table(model: DecoderStack, plan: FusedPlan,
                   layer_tensors: Callable[[nn.Module], list]) -> Optional[torch.Tensor]:
     """Each layer's weight and cache addresses ([layers, pointers] int64, 0 for None), from
     `layer_tensors(layer)` (tensors, linear modules, None), in the C stack's order; rebuilt
-    when the caches are rebound. None while a cache is not a bound float32 tensor."""
+    when the caches are rebound. None while a cache is not bound (in its format's dtype)."""
     first, last = model.layers[0].self_attn.attn, model.layers[-1].self_attn.attn
     key = (first.k_cache.data_ptr(), last.v_cache.data_ptr(), first.k_cache.shape)
     if plan.table is None or plan.table_key != key:  # (every layer's modules: 1% of a step)
         attns = [layer.self_attn.attn for layer in model.layers]
-        if not all(f32(a.k_cache) and f32(a.v_cache) and a.k_cache.numel() for a in attns):
+        if not all(a.k_cache.numel() and a.kv_format.code == int(plan.dims[6])
+                   and all(c.is_cpu and c.is_contiguous() and c.dtype == a.kv_format.storage
+                           for c in (a.k_cache, a.v_cache)) for a in attns):
             return None
         rows = [[0 if t is None else weight_address(t) if isinstance(t, nn.Module)
                  else t.data_ptr() for t in layer_tensors(layer)] for layer in model.layers]

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Optional, Union
 from tandem.distributed.parallel_config import ParallelConfig
 from tandem.loader.tokenizer import load_tokenizer
 from tandem.model_config import ModelConfig
+from tandem.attention.kv_format import check_kv_cache_dtype
 from tandem.quantization import resolve_quantization
 from tandem.sample.synthetic_sampler import rates_for_length
 
@@ -48,6 +49,8 @@ class SpeculativeConfig:
     revision: Optional[str] = None
     # vLLM's key: how the draft's weights are quantized (tandem/quantization.py's values)
     quantization: Optional[str] = None
+    # vLLM's key: the draft's own KV cache format (attention/kv_format.py; None: the target's)
+    kv_cache_dtype: Optional[str] = None
     draft_sample_method: str = "auto"
     use_heterogeneous_vocab: bool = False
     heterogeneous_vocab_feedback: str = "reencode"
@@ -154,6 +157,8 @@ class SpeculativeConfig:
                                                or self.max_model_len < 1):
             raise ValueError("speculative_config['max_model_len'] must be a positive integer, got "
                              f"{self.max_model_len!r}.")
+        if self.kv_cache_dtype is not None:
+            check_kv_cache_dtype(self.kv_cache_dtype, "speculative_config['kv_cache_dtype']")
 
     def _log_no_effect(self) -> None:
         if self.enforce_eager is not None:

@@ -46,6 +46,8 @@ SPEC_KEYS_HELP = """\
   revision                      the draft's revision on the Hub
   quantization                  the draft's weights, as --quantization: gguf, none, q8_0,
                                 q4_0, q4_k
+  kv_cache_dtype                the draft's own KV cache, as --kv-cache-dtype (default: the
+                                target's setting)
   use_heterogeneous_vocab       true: a draft with another tokenizer (Token-Level Intersection)
   heterogeneous_vocab_feedback  "reencode" (default) or "unk": how target tokens the draft's
                                 vocabulary lacks reach the draft
@@ -98,7 +100,9 @@ def make_serve_parser(parser: Optional[argparse.ArgumentParser] = None) -> argpa
     p.add_argument("--kv-cache-memory-bytes", type=parse_bytes, default=None,
                    help="KV cache size in bytes (4G, 512M, ...); the CPU default is 4 GiB")
     p.add_argument("--kv-cache-dtype", default="auto",
-                   help="KV cache element type: auto (the model's dtype) is the one supported")
+                   help="KV cache format: auto (the model's dtype), float32, bfloat16, float16, "
+                        "fp8 (= fp8_e4m3), fp8_e5m2 or q8_0 (llama.cpp's 8-bit blocks); the "
+                        "draft's own: --speculative-config's kv_cache_dtype")
     p.add_argument("--block-size", type=int, default=16, choices=[1, 8, 16, 32, 64, 128],
                    help="tokens per KV cache block")
     p.add_argument("--load-format", default="auto",
