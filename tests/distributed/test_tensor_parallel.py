@@ -65,7 +65,7 @@ def test_sizes_that_do_not_fit_are_refused_with_the_allowed_ones(tiny_llama):
 
 def test_tp2_equals_tp1_and_leaves_no_process(tiny_llama, prompts, reference):
     """Greedy and seeded sampling, under forced preemption (a KV budget of 20 blocks)."""
-    llm = LLM(tiny_llama, tensor_parallel_size=2, kv_cache_memory_bytes=20 * 2048,
+    llm = LLM(tiny_llama, tensor_parallel_size=2, kv_cache_memory_bytes=20 * 1024,
               max_model_len=128)
     workers = children(os.getpid())
     assert workers, "tp=2 should run a worker process"

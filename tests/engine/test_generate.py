@@ -50,8 +50,9 @@ def test_batch_equals_alone_in_input_order(tiny_llama, prompts):
 
 def test_preemption_changes_no_output(tiny_llama, prompts):
     ref = texts(LLM(tiny_llama).generate(prompts, GREEDY, use_tqdm=False))
-    # 20 blocks of 16 tokens (8 KiB each here) cannot hold 8 sequences of 45-140 tokens at once.
-    llm = LLM(tiny_llama, max_model_len=256, kv_cache_memory_bytes=20 * 8192,
+    # 20 blocks of 16 tokens (4 KiB each here: a float16 cache) cannot hold 8 sequences of 45-140
+    # tokens at once.
+    llm = LLM(tiny_llama, max_model_len=256, kv_cache_memory_bytes=20 * 4096,
               enable_prefix_caching=False)
     assert llm.llm_engine.num_blocks == 20
     assert texts(llm.generate(prompts, GREEDY, use_tqdm=False)) == ref
@@ -101,7 +102,7 @@ def test_n_choices_are_distinct_and_indexed(tiny_llama):
 
 
 def test_logprobs_equal_log_softmax_of_reference(tiny_llama, prompts):
-    llm = LLM(tiny_llama)
+    llm = LLM(tiny_llama, kv_cache_dtype="float32")  # transformers' float32 numbers, to 1e-4
     tok = AutoTokenizer.from_pretrained(tiny_llama)
     ref = AutoModelForCausalLM.from_pretrained(tiny_llama, dtype=torch.float32).eval()
     out = llm.generate(prompts[0], SamplingParams(temperature=0, max_tokens=5, logprobs=3,

@@ -16,9 +16,9 @@ import httpx
 # "what was measured" -> text; printed at the end of the session (see conftest.py).
 RELIABILITY: dict[str, str] = {}
 # One KV block of the tiny llama and its draft (2 layers x 2 KV heads x head_dim 16 x K and V x
-# 4 bytes x 16 slots, each model); the reliability server's REL_BLOCKS of them cannot hold
-# 16 requests at once, so load forces preemption.
-TINY_BLOCK_BYTES = 2 * (2 * 2 * 16 * 2 * 4 * 16)
+# 2 bytes, the CPU's default float16 cache, x 16 slots, each model); the reliability server's
+# REL_BLOCKS of them cannot hold 16 requests at once, so load forces preemption.
+TINY_BLOCK_BYTES = 2 * (2 * 2 * 16 * 2 * 2 * 16)
 REL_BLOCKS = 24
 
 

@@ -277,8 +277,10 @@ def _engine_config(argv: list[str]) -> Any:
 def test_kv_cache_dtype_and_quantization_refused_with_the_supported_values(
         tiny_model_dir: Path) -> None:
     model = str(tiny_model_dir)
-    with pytest.raises(ValueError, match=r"kv_cache_dtype='fp8' is not supported.*\['auto'\]"):
-        _engine_config([model, "--kv-cache-dtype", "fp8"])
+    with pytest.raises(ValueError, match=r"kv_cache_dtype='fp4' is not supported; choose one "
+                                         r"of \['auto', 'float32', 'bfloat16'"):
+        _engine_config([model, "--kv-cache-dtype", "fp4"])
+    assert _engine_config([model, "--kv-cache-dtype", "fp8"]).cache_config.kv_cache_dtype == "fp8"
     with pytest.raises(ValueError, match=r"quantization='awq' is not supported; choose one of \['gguf', 'none'"):
         _engine_config([model, "--quantization", "awq"])
     with pytest.raises(ValueError, match="quantization='gguf' needs a GGUF file"):

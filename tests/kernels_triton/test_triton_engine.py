@@ -39,6 +39,9 @@ class Counted:
 
 
 def run(model: str, params=GREEDY, **kwargs: Any):
+    # a float32 cache on both paths: the Triton kernels read a cache of the model's dtype (on
+    # CUDA "auto"'s choice), and the CPU path's default float16 cache would round it
+    kwargs.setdefault("kv_cache_dtype", "float32")
     llm = LLM(model, max_num_seqs=4, disable_log_stats=True, **kwargs)
     outs = llm.generate(PROMPTS, params, use_tqdm=False)
     return outs, llm.llm_engine.executor.runners["target"]

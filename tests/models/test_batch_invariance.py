@@ -149,14 +149,14 @@ def _attend(q: torch.Tensor, cache: Cache, query_lens: list[int], seq_lens: list
 
 def assert_attention_invariant(h: int, hkv: int, d: int, window: Optional[int],
                                softcap: Optional[float], trials: int, seed: int = 0,
-                               bug: Callable[[list[int]], bool] = lambda qlens: False) -> None:
+                               bug: Callable[[list[int]], bool] = lambda qlens: False,
+                               keys: int = 150) -> None:
     """A probe query (request R at position p) attends alone as a decode step on one thread;
     then as query i of R's verification or prefill chunk of 1 to 48 queries, beside 0 to 20
     other requests of 1 to 48 queries each, R at a random place, on 1 to 16 threads."""
     cache = Cache(hkv, d, seed)
     rng = random.Random(seed)
     g = torch.Generator().manual_seed(seed + 1)
-    keys = 150
     r_table = cache.table(keys + 48)
     probes = [(rng.randrange(keys), torch.randn(1, h, d, generator=g)) for _ in range(4)]
     with threads(1):
@@ -198,6 +198,14 @@ def test_attention(fused, h, hkv, d, window, softcap):
     assert_attention_invariant(h, hkv, d, window, softcap, trials=24)
 
 
+def test_attention_over_several_key_chunks(fused):
+    """Rows with up to 1,300 keys: chunks of 512 folded in order, the same bits whether one
+    work item folds a row's chunks or each chunk runs as an item of its own (a lone request
+    decoding at depth is split over the threads, a batch of them is not)."""
+    assert_attention_invariant(9, 3, 64, None, None, trials=16, keys=1300)
+    assert_attention_invariant(4, 1, 128, 700, None, trials=8, keys=1300, seed=1)
+
+
 def test_a_planted_sdpa_call_above_16_queries_is_caught(fused):
     with pytest.raises(AssertionError, match="query"):
         assert_attention_invariant(9, 3, 64, None, None, trials=24,
@@ -208,7 +216,7 @@ def test_softcapped_attention_matches_a_reference(fused):
     """The kernel's capped scores against the reference's (tanh in torch): within rounding."""
     cache = Cache(2, 64, seed=3)
     tables = [cache.table(40), cache.table(9)]
-    q = torch.randn(7 + 9, 8, 64)
+    q = torch.randn(7 + 9, 8, 64, generator=torch.Generator().manual_seed(4))
     got = _attend(q, cache, [7, 9], [40, 9], tables, 5, 20.0)
     want = _attend(q, cache, [7, 9], [40, 9], tables, 5, 20.0, kernel=False)
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)

@@ -14,6 +14,7 @@ from tandem import LLM, SamplingParams
 from tandem.attention.context import forward_context
 from tandem.attention.metadata import build_attention_metadata
 from tandem.kernels import cpu as cpu_kernels
+from tandem.kernels import cpu_sampling
 from tandem.kernels import cpu_build
 from tandem.layers import matmul_choice
 from tandem.layers.norm import RMSNorm
@@ -188,10 +189,10 @@ def test_argmax_picks_what_torch_picks(fused, vocab):
         for t in (1, 2):
             torch.set_num_threads(t)
             for rows in (1, 5, 16):
-                assert torch.equal(cpu_kernels.argmax(x[:rows].contiguous()), expected[:rows])
+                assert torch.equal(cpu_sampling.argmax(x[:rows].contiguous()), expected[:rows])
     finally:
         torch.set_num_threads(threads)
-    assert cpu_kernels.argmax(x[:, ::2]) is None         # a layout it does not read: torch's
+    assert cpu_sampling.argmax(x[:, ::2]) is None        # a layout it does not read: torch's
 
 
 def _logits(model_dir: str, prompt_ids: list[int]) -> torch.Tensor:

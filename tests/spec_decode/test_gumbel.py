@@ -164,7 +164,7 @@ def test_preemption_keeps_seeded_tokens(tiny_llama, draft, prompts):
     stay those of plain decoding with room to spare."""
     params = SamplingParams(temperature=1.0, max_tokens=40, ignore_eos=True, seed=3)
     plain = _tokens(_never_drafts(tiny_llama), prompts, params)
-    llm = _spec(tiny_llama, draft, 3, max_model_len=256, kv_cache_memory_bytes=48 * 8192)
+    llm = _spec(tiny_llama, draft, 3, max_model_len=256, kv_cache_memory_bytes=48 * 4096)
     assert _tokens(llm, prompts, params) == plain
     preemptions = [m.value for m in llm.get_metrics() if m.name == "tandem:num_preemptions"]
     assert preemptions and preemptions[0] > 0

@@ -17,6 +17,7 @@ import torch
 
 from tandem import LLM, SamplingParams
 from tandem.kernels import cpu as cpu_kernels
+from tandem.kernels import cpu_sampling
 from tandem.sample import gumbel, gumbel_verifier
 from tandem.sample.sampler import Sampler
 from test_spec_distribution import ALPHA, PROMPT, TEMPERATURE, TOP_P, _pvalue
@@ -48,8 +49,8 @@ def _plain_counts(vocab: int = 40) -> tuple[np.ndarray, np.ndarray]:
 def _path(monkeypatch, path: str) -> None:
     """Gumbel-max by the C kernel (kernels/cpu_gumbel.c, what engines run) or by torch ops."""
     if path == "torch":
-        monkeypatch.setattr(cpu_kernels, "gumbel_candidates", lambda *args: None)
-        monkeypatch.setattr(cpu_kernels, "gumbel_argmax_sparse", lambda *args: None)
+        monkeypatch.setattr(cpu_sampling, "gumbel_candidates", lambda *args: None)
+        monkeypatch.setattr(cpu_sampling, "gumbel_argmax_sparse", lambda *args: None)
         return
     cpu_kernels.configure(torch.device("cpu"))
     if not cpu_kernels.enabled():

@@ -126,7 +126,7 @@ def test_seeded_sampling_reproduces_and_n_works(spec, prompts):
 
 
 def test_preemption_and_prefix_cache_keep_output(tiny_dirs, prompts, reference):
-    llm = LLM(tiny_dirs["llama"], max_model_len=256, kv_cache_memory_bytes=48 * 8192,
+    llm = LLM(tiny_dirs["llama"], max_model_len=256, kv_cache_memory_bytes=48 * 4096,
               speculative_config={"model": tiny_dirs["llama"], "num_speculative_tokens": 3,
                                   "adaptive": False})
     assert tokens(llm.generate(prompts, GREEDY, use_tqdm=False)) == reference

@@ -1,0 +1,163 @@
+"""KV cache formats (`kv_cache_dtype`, attention/kv_format.py and kernels/kv_format.h): the
+kernels write and read every format as torch's reference does, to the byte; attention over each
+format against a float64 reference on the values the cache holds, at depths 1 to 8,192, on one
+and several threads, split over the threads or not (the same bits); the KV budget in bytes;
+bad values refused by name; and greedy speculation equal to plain decoding within each format."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tandem import LLM, SamplingParams
+from tandem.attention.kv_format import FORMATS, resolve
+from tandem.attention.metadata import build_attention_metadata
+from tandem.kernels import cpu as cpu_kernels
+from tiny_models import build_tiny_model
+
+FORMAT_NAMES = sorted(FORMATS)
+
+
+def _rows(d: int) -> torch.Tensor:
+    """[N, d] rows with every case a format must round as torch does: ties, the formats' largest
+    values and beyond, subnormals, zeros (a q8_0 block of zeros), one huge value in a block."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(512, d, generator=g) * 3
+    x[0] = 0
+    x[1, 5] = 1000.0                                    # one huge value: the rest round to 0
+    x[2] = 1e-6 * torch.randn(d, generator=g)           # float16's and fp8's subnormals
+    x[3, :10] = torch.tensor([447., 448., 449., 464., 500., 1e6, -1e6, 57344., 61440., -0.0])
+    x[4] = torch.arange(d) / 2.0 - d / 4                # exact halves: ties to even
+    x[5] = torch.arange(d) * 2.0 ** -9                  # e4m3's subnormal steps and their ties
+    x[6] = (torch.arange(d) - d / 2) * 2.0 ** -17       # e5m2's
+    return x
+
+
+@pytest.mark.parametrize("name", FORMAT_NAMES)
+@pytest.mark.parametrize("d", [64, 128])
+def test_the_kernels_store_and_load_each_format_as_torch_does(fused, name, d):
+    fmt = FORMATS[name]
+    x = _rows(d)
+    stored, loaded = cpu_kernels.kv_rows(x, fmt.code, fmt.row_bytes(d))
+    want = fmt.store(x).contiguous().view(torch.uint8).reshape(x.shape[0], -1)
+    assert torch.equal(stored, want)
+    assert torch.equal(loaded, fmt.load(fmt.store(x)))
+    if name != "float32":  # the rounding is real, and within the format's own step
+        assert not torch.equal(loaded, x)
+    # half a step: relative to the value, and absolute among the subnormals
+    rel = {"float32": 0, "bfloat16": 2 ** -8, "float16": 2 ** -11, "fp8_e4m3": 2 ** -4,
+           "fp8_e5m2": 2 ** -3}
+    sub = {"float32": 0, "bfloat16": 0, "float16": 2 ** -25, "fp8_e4m3": 2 ** -10,
+           "fp8_e5m2": 2 ** -17}
+    ok = x.abs() < 400  # inside every format's range
+    if name == "q8_0":  # half a step of each 32-block's max / 127 (its float16 scale's own
+        # rounding aside: a block of values near 1e-6 has a subnormal scale, or none)
+        step = x.reshape(x.shape[0], -1, 32).abs().amax(-1, keepdim=True) / 127
+        bound = (step * 0.51 * 1.001).expand(-1, -1, 32).reshape(x.shape) + 127 * 2.0 ** -24
+        assert ((loaded - x).abs() <= bound).all()
+    else:
+        assert ((loaded - x).abs()[ok] <= rel[name] * x.abs()[ok] + sub[name]).all()
+
+
+def _reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: int) -> torch.Tensor:
+    """One query row per head, float64: q [H, D], k/v [L, Hkv, D] (the stored values)."""
+    h, hkv = q.shape[0], k.shape[1]
+    out = torch.empty(h, q.shape[1], dtype=torch.float64)
+    for hd in range(h):
+        g = hd // (h // hkv)
+        s = (k[:pos + 1, g].double() @ q[hd].double()) * q.shape[1] ** -0.5
+        out[hd] = torch.softmax(s, 0) @ v[:pos + 1, g].double()
+    return out
+
+
+@pytest.mark.parametrize("name", ["float32", "float16", "bfloat16", "q8_0", "fp8_e4m3"])
+def test_attention_reads_each_format_at_every_depth(fused, name):
+    """Decode rows at depths 1 to 8,192 against float64 on the cache's own values; the same bits
+    alone (split over the threads, flash-decoding) and beside 7 other requests (not split), on 1,
+    2 and 5 threads."""
+    fmt = FORMATS[name]
+    h, hkv, d, block = 4, 2, 64, 16
+    depths = [1, 100, 1000, 8192]
+    g = torch.Generator().manual_seed(1)
+    per = max(depths) // block + 2
+    k = torch.randn(per * 8 * block + block, hkv, d, generator=g)
+    v = torch.randn(k.shape, generator=g)
+    kc, vc = fmt.store(k), fmt.store(v)
+    kl, vl = fmt.load(kc), fmt.load(vc)
+    tables = [list(range(1 + r * per, 1 + (r + 1) * per)) for r in range(8)]
+    q = torch.randn(8, h, d, generator=g)
+    before = torch.get_num_threads()
+    try:
+        for depth in depths:
+            alone = {}
+            for threads in (1, 2, 5):
+                torch.set_num_threads(threads)
+                meta = build_attention_metadata([1], [depth], tables[:1], block,
+                                                torch.device("cpu"))
+                out = torch.empty(1, h, d)
+                assert cpu_kernels.paged_attention(q[:1], kc, vc, out, meta.requests,
+                                                   meta.kv_slots, d ** -0.5, None)
+                alone[threads] = out[0]
+                meta = build_attention_metadata([1] * 8, [depth] + [200] * 7, tables, block,
+                                                torch.device("cpu"))
+                outs = torch.empty(8, h, d)
+                assert cpu_kernels.paged_attention(q, kc, vc, outs, meta.requests,
+                                                   meta.kv_slots, d ** -0.5, None)
+                assert torch.equal(outs[0], out[0]), (depth, threads)
+            assert torch.equal(alone[1], alone[2]) and torch.equal(alone[1], alone[5])
+            slots = meta.kv_slots[0, :depth]
+            want = _reference(q[0], kl[slots], vl[slots], depth - 1)
+            torch.testing.assert_close(alone[1].double(), want, rtol=0, atol=2e-5)
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def wide(tmp_path_factory) -> str:
+    """A tiny llama with head size 64 (q8_0's blocks of 32 divide it)."""
+    return str(build_tiny_model(tmp_path_factory.mktemp("kvfmt") / "llama", "llama", hidden=256))
+
+
+def test_the_budget_counts_bytes(wide):
+    """The same bytes hold twice the blocks in 16 bits, 3.76x in q8_0 (34 bytes per 32 numbers),
+    four times in fp8; "auto" on the CPU is float16."""
+    blocks = {name: LLM(wide, kv_cache_dtype=name, kv_cache_memory_bytes=1 << 22,
+                        max_model_len=256).llm_engine.num_blocks
+              for name in ("float32", "float16", "q8_0", "fp8_e5m2", "auto")}
+    assert blocks["float16"] == 2 * blocks["float32"] == blocks["auto"]
+    assert blocks["q8_0"] == int(blocks["float32"] * 4 * 32 / 34)
+    assert blocks["fp8_e5m2"] == 4 * blocks["float32"]
+    assert resolve("auto", torch.float32, torch.device("cpu")).name == "float16"
+    assert resolve("auto", torch.bfloat16, torch.device("cuda")).name == "bfloat16"
+
+
+def test_bad_values_are_refused_by_name(tiny_dirs, wide):
+    with pytest.raises(ValueError, match=r"kv_cache_dtype='fp4' is not supported; choose one of "
+                                         r"\['auto', 'float32', 'bfloat16', 'float16', 'fp8'"):
+        LLM(wide, kv_cache_dtype="fp4")
+    with pytest.raises(ValueError, match=r"speculative_config\['kv_cache_dtype'\]='int4' is not "
+                                         r"supported"):
+        LLM(wide, speculative_config={"model": wide, "num_speculative_tokens": 2,
+                                      "kv_cache_dtype": "int4"})
+    with pytest.raises(ValueError, match=r"kv_cache_dtype='q8_0' stores blocks of 32 numbers, "
+                                         r"and this model's head size is 16"):
+        LLM(tiny_dirs["llama"], kv_cache_dtype="q8_0")
+
+
+@pytest.mark.parametrize("name", ["bfloat16", "float16", "fp8_e4m3", "q8_0"])
+def test_speculation_equals_plain_within_a_format(wide, prompts, name):
+    """Greedy tokens and their logprobs, to the bit, on 16 streams at k = 4; the draft with a
+    cache of its own (q8_0) beside the target's."""
+    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, logprobs=1)
+
+    def run(llm: LLM) -> list:
+        return [[(t, sorted((i, lp.logprob) for i, lp in lps.items()))
+                 for t, lps in zip(o.outputs[0].token_ids, o.outputs[0].logprobs)]
+                for o in llm.generate(prompts * 2, params, use_tqdm=False)]
+
+    plain = run(LLM(wide, kv_cache_dtype=name))
+    spec = LLM(wide, kv_cache_dtype=name, speculative_config={
+        "model": wide, "num_speculative_tokens": 4, "adaptive": False, "kv_cache_dtype": "q8_0"})
+    draft_attn = spec.llm_engine.draft_model.attention_layers()[0]
+    assert draft_attn.kv_format.name == "q8_0" and draft_attn.k_cache.dtype == torch.uint8
+    assert run(spec) == plain
