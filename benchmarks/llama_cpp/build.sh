@@ -9,7 +9,7 @@
 #   $CACHE/tools/                      small venv with cmake and ninja from PyPI
 #   $CACHE/build-<ver>-<key>/bin/      llama-bench, llama-batched-bench, llama-server, ...
 #
-# GGML_NATIVE=ON compiles for *this* CPU (-march=native), so <key> hashes the CPU model, its
+# GGML_NATIVE=ON compiles for *this* CPU (-march=native; see native_isa for AMX), so <key> hashes the CPU model, its
 # flags, the compiler and the cmake flags: another CPU or other flags give another build dir.
 #
 # Usage:  build.sh            build if needed; prints the bin dir as the last line
@@ -21,8 +21,22 @@ set -euo pipefail
 
 VERSION=11434.0.0
 CACHE="${TANDEM_CACHE_DIR:-$HOME/.cache/tandem}/llama.cpp"
+# A CPU that lists AMX (an Intel Xeon, family 6 model 143/207) gets no -march=native: these VMs list
+# AMX without granting its tile state, and ggml's AMX kernels then die with SIGILL (tilezero). It
+# gets each ISA flag the CPU lists instead, with AMX off.
+native_isa() {
+    local flags; flags=" $(grep -m1 '^flags' /proc/cpuinfo | cut -d: -f2) "
+    if [[ "$flags" != *" amx_tile "* ]]; then echo "-DGGML_NATIVE=ON"; return; fi
+    echo "-DGGML_NATIVE=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF"
+    local pair
+    for pair in avx:AVX avx2:AVX2 fma:FMA f16c:F16C bmi2:BMI2 avx512f:AVX512 \
+                avx512_vnni:AVX512_VNNI avx512_bf16:AVX512_BF16 \
+                avx_vnni:AVX_VNNI; do
+        [[ "$flags" == *" ${pair%%:*} "* ]] && echo "-DGGML_${pair#*:}=ON"
+    done
+}
 case "${LLAMA_CPP_ISA:-native}" in
-    native) ISA=(-DGGML_NATIVE=ON) ;;
+    native) read -r -a ISA <<< "$(native_isa | tr '\n' ' ')" ;;
     avx2) ISA=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON
                -DGGML_BMI2=ON -DGGML_AVX512=OFF -DGGML_AVX_VNNI=OFF) ;;
     *) echo "LLAMA_CPP_ISA: 'native' or 'avx2', got '$LLAMA_CPP_ISA'" >&2; exit 2 ;;
