@@ -6,11 +6,13 @@ and argument errors answer at once.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import signal
 import socket
 import sys
 import time
-from typing import Any, Optional, Sequence
+from typing import Any, Iterator, Optional, Sequence
 
 from tandem.entrypoints.openai.args import (ArgumentError, engine_kwargs, make_serve_parser,
                                             one_line, parse_serve_args, print_error_and_exit,
@@ -75,6 +77,20 @@ def bind_socket(host: Optional[str], port: int) -> socket.socket:
 # user sets reaches the engine process unchanged.
 
 
+@contextlib.contextmanager
+def _signals_stop_loading() -> Iterator[None]:
+    """While the engine core loads, SIGTERM stops start-up as Ctrl-C does (the core is told and
+    waited for, instead of this process vanishing); uvicorn installs its handlers afterwards."""
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt()
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def serve(argv: Sequence[str], launch_time: float) -> None:
     if any(a in ("-h", "--help") for a in argv):
         make_serve_parser().print_help()
@@ -111,9 +127,14 @@ def serve(argv: Sequence[str], launch_time: float) -> None:
             return (tokenizer, sampling_defaults(mc.model_dir, config.generation_config),
                     GrammarCompiler(tokenizer, mc.vocab_size))
 
-        engine = EngineCoreClient.launch(config, not args.disable_log_stats, load_frontend)
+        with _signals_stop_loading():
+            engine = EngineCoreClient.launch(config, not args.disable_log_stats, load_frontend,
+                                             args.engine_iteration_timeout_s,
+                                             args.stream_stall_timeout_s)
     except (EngineStartupError, *STARTUP_ERRORS) as e:
         print_error_and_exit(one_line(e), 1)
+    except KeyboardInterrupt:  # SIGINT or SIGTERM while loading: the core was stopped
+        print_error_and_exit("stopped while loading", 130)
     run_server(args, engine, chat_template, launch_time, sock)
 
 

@@ -3,7 +3,7 @@ callers such as the OpenAI server.
 
 The thread owns the engine: it takes commands from an inbox (add, abort, call), a bounded number
 between steps so a burst of admissions never stalls generation, runs `step()` while there is
-work, and hands each request's outputs to that request's asyncio queue through
+work, and hands each request's outputs to that request's `OutputCollector` through
 `loop.call_soon_threadsafe`. Everything that touches the engine runs on that thread. After every
 step it publishes a metrics snapshot, which `/metrics` reads without waiting for the thread.
 
@@ -26,6 +26,7 @@ from typing import Any, Callable, Optional, Union
 from tandem.distributed.errors import WorkerDiedError
 from tandem.engine.engine_metrics import stats_line
 from tandem.engine.engine_client import EngineClient, EngineDeadError, EngineStepError
+from tandem.engine.output_collector import OutputCollector
 from tandem.metrics import with_vllm_names
 from tandem.outputs import RequestOutput
 from tandem.sampling_params import SamplingParams
@@ -41,8 +42,9 @@ class _Add:
     request_id: str
     prompt: Union[str, list[int]]
     params: SamplingParams
-    stream: asyncio.Queue
+    stream: OutputCollector
     loop: asyncio.AbstractEventLoop
+    final_only: bool = False
     done: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
 
 
@@ -69,7 +71,7 @@ class AsyncLLMEngine(EngineClient):
         self.grammars = getattr(engine, "grammars", None)
         self.sampling_defaults: dict = dict(getattr(engine, "sampling_defaults", {}) or {})
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
-        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, OutputCollector]] = {}
         self._stop = threading.Event()
         self._log_stats = log_stats
         self._log_interval_s = log_interval_s
@@ -100,13 +102,13 @@ class AsyncLLMEngine(EngineClient):
             raise EngineDeadError("the engine loop is not running")
 
     async def add_request(self, request_id: str, prompt: Union[str, list[int]],
-                          params: SamplingParams) -> asyncio.Queue:
+                          params: SamplingParams, final_only: bool = False) -> OutputCollector:
         """Queue a request; raises what engine.add_request raises (ValueError for bad input)."""
         self._check_alive()
         if not self.accepting:
             raise EngineDeadError("the server is shutting down")
         loop = asyncio.get_running_loop()
-        cmd = _Add(request_id, prompt, params, asyncio.Queue(), loop)
+        cmd = _Add(request_id, prompt, params, OutputCollector(), loop, final_only)
         self._inbox.put(cmd)
         try:
             await asyncio.wrap_future(cmd.done)
@@ -171,7 +173,8 @@ class AsyncLLMEngine(EngineClient):
                 cmd.done.set_exception(ValueError(f"duplicate request id {cmd.request_id!r}"))
                 return
             try:
-                self.engine.add_request(cmd.request_id, cmd.prompt, cmd.params)
+                self.engine.add_request(cmd.request_id, cmd.prompt, cmd.params,
+                                        final_only=cmd.final_only)
             except Exception as e:  # ValueError for bad input; anything else still goes back
                 cmd.done.set_exception(e)
                 return

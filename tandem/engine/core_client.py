@@ -12,8 +12,13 @@ stop strings stay in the engine core, where the scheduler checks a stop string a
 so a request stops exactly where it would offline. The engine's outputs come back as deltas
 (`output_deltas`), rebuilt here into the same cumulative `RequestOutput`s.
 
-If the engine process dies, or says it cannot go on, every request in flight ends with
-`EngineDeadError` (a 503), /health turns 503, and `on_dead` is called (the server exits 1).
+Each request's outputs go to its `OutputCollector`, one slot holding a builder of the newest
+snapshot: a reader that lags or stops costs no copies and holds only its own output.
+
+If the engine process dies, says it cannot go on, or falls silent past the watchdog's limit
+(`core_watchdog.py`: stopped or hung), every request in flight ends with `EngineDeadError` (a
+503), /health turns 503, the process is killed, and `on_dead` is called (the server exits 1). A
+request whose reader stalls past the stall limit is aborted alone.
 """
 
 from __future__ import annotations
@@ -28,7 +33,11 @@ from typing import Any, Callable, Optional, Union
 from tandem.engine.core_launch import spawn_core_process, stop_process, wait_ready
 from tandem.engine.core_messages import (AbortRequests, AddRequest, EngineCoreOutputs,
                                          FrameBuffer, Ready, Shutdown, UtilityCall, encode_frame)
-from tandem.engine.engine_client import EngineClient, EngineDeadError, EngineStepError
+from tandem.engine.core_watchdog import (DEFAULT_STREAM_STALL_TIMEOUT_S, CoreWatchdog,
+                                         default_iteration_timeout)
+from tandem.engine.engine_client import (EngineClient, EngineDeadError, EngineStepError,
+                                         ReaderStalledError)
+from tandem.engine.output_collector import OutputCollector
 from tandem.engine.output_deltas import OutputAssembler
 from tandem.metrics import AnyMetric, with_vllm_names
 from tandem.sampling_params import SamplingParams
@@ -52,7 +61,9 @@ class _ChannelProtocol(asyncio.Protocol):
 class EngineCoreClient(EngineClient):
     def __init__(self, sock: socket.socket, ready: Ready, tokenizer: Any, max_model_len: int,
                  vocab_size: int, sampling_defaults: dict, grammars: Any = None,
-                 process: Optional[subprocess.Popen] = None) -> None:
+                 process: Optional[subprocess.Popen] = None,
+                 iteration_timeout_s: Optional[float] = None,
+                 stream_stall_timeout_s: float = DEFAULT_STREAM_STALL_TIMEOUT_S) -> None:
         self._sock = sock
         self.process = process
         self.tokenizer = tokenizer
@@ -64,7 +75,7 @@ class EngineCoreClient(EngineClient):
         self.accepting = True  # False while shutting down: new requests get a 503
         self.on_dead: Optional[Callable[[], None]] = None
         self._metrics: list = list(ready.metrics)
-        self._streams: dict[str, asyncio.Queue] = {}
+        self._streams: dict[str, OutputCollector] = {}
         self._adds: dict[str, asyncio.Future] = {}
         self._calls: dict[int, asyncio.Future] = {}
         self._call_ids = itertools.count()
@@ -74,15 +85,22 @@ class EngineCoreClient(EngineClient):
         self._transport: Optional[asyncio.Transport] = None
         self._dead: Optional[str] = None
         self._closing = False
+        self.watchdog = CoreWatchdog(iteration_timeout_s or default_iteration_timeout(),
+                                     stream_stall_timeout_s)
+        self._watch_task: Optional[asyncio.Task] = None
 
     # ---- start-up ----------------------------------------------------------------------------
 
     @classmethod
     def launch(cls, config: Any, log_stats: bool,
-               load_frontend: Callable[[], tuple[Any, dict, Any]]) -> EngineCoreClient:
+               load_frontend: Callable[[], tuple[Any, dict, Any]],
+               iteration_timeout_s: Optional[float] = None,
+               stream_stall_timeout_s: float = DEFAULT_STREAM_STALL_TIMEOUT_S
+               ) -> EngineCoreClient:
         """Start the engine core process and wait until it serves; raises EngineStartupError.
         `load_frontend` gives (tokenizer, sampling defaults, grammar cache) for this process: it
         is called while the engine process loads, which it overlaps."""
+        iteration_timeout_s = iteration_timeout_s or default_iteration_timeout()  # checked first
         ours, process = spawn_core_process(config, log_stats)
         try:
             tokenizer, sampling_defaults, grammars = load_frontend()
@@ -93,7 +111,7 @@ class EngineCoreClient(EngineClient):
             raise
         mc = config.model_config
         return cls(ours, ready, tokenizer, mc.max_model_len, mc.vocab_size, sampling_defaults,
-                   grammars, process)
+                   grammars, process, iteration_timeout_s, stream_stall_timeout_s)
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -101,6 +119,8 @@ class EngineCoreClient(EngineClient):
         transport, _ = await self._loop.connect_accepted_socket(
             lambda: _ChannelProtocol(self), self._sock)
         self._transport = transport  # type: ignore[assignment]
+        self.watchdog.heard(busy=False)  # the silence counts from now, not from the start-up
+        self._watch_task = self._loop.create_task(self._watch())
 
     # ---- the interface of AsyncLLMEngine ----------------------------------------------------
 
@@ -120,19 +140,19 @@ class EngineCoreClient(EngineClient):
             raise EngineDeadError("the engine is not running")
 
     async def add_request(self, request_id: str, prompt: Union[str, list[int]],
-                          params: SamplingParams) -> asyncio.Queue:
+                          params: SamplingParams, final_only: bool = False) -> OutputCollector:
         self._check_alive()
         if not self.accepting:
             raise EngineDeadError("the server is shutting down")
         if request_id in self._streams:
             raise ValueError(f"duplicate request id {request_id!r}")
         assert self._loop is not None, "EngineCoreClient.start() was not awaited"
-        stream: asyncio.Queue = asyncio.Queue()
+        stream = OutputCollector()
         added = self._loop.create_future()
         self._streams[request_id] = stream
         self._adds[request_id] = added
         self._assembler.add(request_id, prompt)
-        self._send(AddRequest(request_id, prompt, params))
+        self._send(AddRequest(request_id, prompt, params, final_only))
         try:
             await added
         except asyncio.CancelledError:
@@ -184,6 +204,8 @@ class EngineCoreClient(EngineClient):
                 self._sock.shutdown(socket.SHUT_RDWR)
         except OSError:
             pass  # the process is gone already
+        if self._watch_task is not None:
+            self._watch_task.cancel()
         if self.process is not None:
             stop_process(self.process, timeout)
         if live:
@@ -224,6 +246,7 @@ class EngineCoreClient(EngineClient):
         self._assembler.forget(request_id)
 
     def _on_message(self, msg: EngineCoreOutputs) -> None:
+        self.watchdog.heard(busy=bool(self._streams))
         if msg.metrics is not None:  # before the outputs: a finished request is counted
             self._metrics = msg.metrics
         for a in msg.added:
@@ -244,10 +267,10 @@ class EngineCoreClient(EngineClient):
                 self._forget(d.request_id)
                 stream.put_nowait(EngineStepError(f"internal engine error: {d.error}"))
                 continue
-            out = self._assembler.apply(d)
+            build = self._assembler.apply_lazily(d)  # built only if its reader takes it
             if d.finished:
                 self._streams.pop(d.request_id, None)  # forgotten before its caller sees the end
-            stream.put_nowait(out)
+            stream.put_nowait(build)
         for u in msg.utility:
             result = self._calls.get(u.call_id)
             if result is not None and not result.done():
@@ -257,6 +280,27 @@ class EngineCoreClient(EngineClient):
                     result.set_exception(RuntimeError(u.error))
         if msg.dead:
             self._die(msg.dead)
+
+    async def _watch(self) -> None:
+        """Every check interval: is the core still speaking, is every reader still reading?"""
+        while self._dead is None and not self._closing:
+            await asyncio.sleep(self.watchdog.check_interval_s)
+            if self._dead is not None or self._closing:
+                return
+            hung = self.watchdog.hung()
+            if hung is not None:
+                self._die(hung)
+                if self.process is not None and self.process.poll() is None:
+                    self.process.kill()  # a stopped process cannot exit by itself
+                return
+            for request_id in self.watchdog.stalled(self._streams.items()):
+                logger.warning("request %s: its reader took nothing for over %g s "
+                               "(--stream-stall-timeout-s); aborting it", request_id,
+                               self.watchdog.stream_stall_timeout_s)
+                self._streams[request_id].put_nowait(ReaderStalledError(
+                    "the client read nothing of this stream for over "
+                    f"{self.watchdog.stream_stall_timeout_s:g} s; the request was aborted"))
+                self.abort_nowait(request_id)
 
     def _on_channel_closed(self) -> None:
         if self._closing:

@@ -32,6 +32,7 @@ class AddRequest:
     request_id: str
     prompt: Union[str, list[int]]
     params: SamplingParams
+    final_only: bool = False  # one output, when finished (a response that is not streamed)
 
 
 @dataclass(frozen=True)

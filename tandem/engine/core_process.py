@@ -1,12 +1,16 @@
 """The engine core process of `tandem serve`: the step loop (scheduler, model, sampler, drafting,
 and the tensor-parallel workers it starts) with nothing else sharing its interpreter.
 
-Started by `EngineCoreClient.launch` as `python -m tandem.engine.core_process --fd N`, where N is
-its end of a socketpair. The first frame it reads is its configuration; it answers `Ready` once
-the models are loaded (or `StartupFailed`, in one line, and exits 1). Then, in each turn of the
-loop, it takes the commands that arrived (all of them when idle; at most `_COMMANDS_PER_STEP`
+Started by `EngineCoreClient.launch` as `python -P -m tandem.engine.core_process --fd N
+--parent-pid P`, where N is its end of a socketpair (`-P`: the working directory is not on
+`sys.path`, so a `torch/` or a stale `tandem/` there is never imported). The kernel kills it when
+the API process dies (`process_guard.py`), loading included. The first frame it reads is its
+configuration; it answers `Ready` once the models are loaded (or `StartupFailed`, in one line,
+and exits 1); should the API process close the channel meanwhile, it exits. Then, in each turn of
+the loop, it takes the commands that arrived (all of them when idle; at most `_COMMANDS_PER_STEP`
 between two steps, so a burst of admissions never stalls generation), runs one step, and sends
-one `EngineCoreOutputs` with everything the turn produced.
+one `EngineCoreOutputs` with everything the turn produced; while idle it sends an empty one every
+`HEARTBEAT_S`, so the API process can tell a quiet core from a stopped or hung one.
 
 It ignores SIGINT and SIGTERM: a Ctrl-C in a terminal reaches the whole process group, and the
 API process must be the one to decide (it drains the requests in flight first, which needs this
@@ -25,6 +29,7 @@ import select
 import signal
 import socket
 import sys
+import threading
 import time
 from collections import deque
 from typing import Any, Optional
@@ -34,7 +39,9 @@ from tandem.engine.core_messages import (AbortRequests, AddRequest, AddResult, C
                                          EngineCoreOutputs, FrameBuffer, Ready, Shutdown,
                                          StartupFailed, UtilityCall, UtilityResult,
                                          encode_frame)
+from tandem.engine.core_watchdog import HEARTBEAT_S
 from tandem.engine.output_deltas import DeltaEncoder, OutputDelta
+from tandem.engine.process_guard import die_with_parent, exit_when_channel_closes
 from tandem.engine.engine_metrics import stats_line
 from tandem.engine.grammar_admission import GrammarAdmission
 
@@ -71,13 +78,17 @@ class EngineCore:
         self._log_stats = log_stats
         self._log_interval_s = log_interval_s
         self._last_metrics = 0.0
+        self._last_sent = time.monotonic()
         self._grammar_wait = GrammarAdmission(getattr(engine, "grammars", None))
+        if hasattr(engine, "output_builder"):  # deltas straight from the engine's requests
+            engine.output_builder = self._encoder.encode_group
 
     # ---- the channel -------------------------------------------------------------------------
 
     def send(self, message: Any) -> None:
         try:
             self.sock.sendall(encode_frame(message))
+            self._last_sent = time.monotonic()
         except (BrokenPipeError, ConnectionResetError):
             raise ChannelClosed() from None
 
@@ -106,7 +117,8 @@ class EngineCore:
                 raise error
             if msg.request_id in self._live or msg.request_id in self._grammar_wait:
                 raise ValueError(f"duplicate request id {msg.request_id!r}")
-            self.engine.add_request(msg.request_id, msg.prompt, msg.params)
+            self.engine.add_request(msg.request_id, msg.prompt, msg.params,
+                                    final_only=msg.final_only)
         except Exception as e:  # ValueError for bad input; anything else still goes back
             out.added.append(AddResult(msg.request_id, type(e).__name__, str(e)))
             return
@@ -191,8 +203,8 @@ class EngineCore:
             if not self.engine.has_unfinished_requests():
                 if handled:  # the state may have changed (an abort): publish it
                     out.metrics = self._metrics()
-                if out:
-                    self.send(out)
+                if out or time.monotonic() - self._last_sent >= HEARTBEAT_S:
+                    self.send(out)  # an empty one is the idle heartbeat
                 continue
             finished = self._step(out.outputs)
             now = time.monotonic()
@@ -225,8 +237,9 @@ class EngineCore:
             return True
         for o in outputs:
             if o.request_id not in self._live:
-                continue  # aborted while the step ran
-            deltas.append(self._encoder.encode(o))
+                self._encoder.forget(o.request_id)
+                continue  # not ours (any more)
+            deltas.append(o if isinstance(o, OutputDelta) else self._encoder.encode(o))
             if o.finished:
                 self._live.discard(o.request_id)
                 finished = True
@@ -257,7 +270,10 @@ def _read_config(sock: socket.socket) -> tuple[Any, bool]:
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tandem.engine.core_process")
     parser.add_argument("--fd", type=int, required=True, help="this end of the socketpair")
+    parser.add_argument("--parent-pid", type=int, default=None,
+                        help="the API process: this one dies with it")
     args = parser.parse_args(argv)
+    die_with_parent(args.parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     sock = socket.socket(fileno=args.fd)
@@ -269,6 +285,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     except ChannelClosed:
         return 0
     logger.info("engine core process %d: loading", os.getpid())
+    loaded = threading.Event()
+    exit_when_channel_closes(sock, loaded)
     try:
         from tandem.engine.llm_engine import LLMEngine
         engine = LLMEngine(config)
@@ -279,6 +297,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         logger.exception("the engine core failed to start")
         sock.sendall(encode_frame(StartupFailed(f"{type(e).__name__}: {one_line(e)}")))
         return 1
+    finally:
+        loaded.set()  # from here on, the loop reads the channel
     core = EngineCore(engine, sock, log_stats=log_stats)
     # The start-up heap (torch, transformers, the models) lives as long as the process; frozen,
     # the collector's full passes no longer walk it in the middle of a step.

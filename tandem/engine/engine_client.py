@@ -1,15 +1,16 @@
 """What the server sees of an engine, whichever way it runs: in a thread of this process
 (`AsyncLLMEngine`) or in a process of its own (`EngineCoreClient`). Both add requests, hand each
-its asyncio queue of cumulative outputs, abort, and publish a metrics snapshot; the reading of a
-request's queue and the errors a request can end with are shared here.
+its `OutputCollector` of cumulative outputs (one slot: the newest wins), abort, and publish a
+metrics snapshot; the reading of a request's collector and the errors a request can end with are
+shared here.
 """
 
 from __future__ import annotations
 
 import abc
-import asyncio
 from typing import Any, AsyncIterator, Callable, Optional, Union
 
+from tandem.engine.output_collector import OutputCollector
 from tandem.metrics import AnyMetric
 from tandem.outputs import RequestOutput
 from tandem.sampling_params import SamplingParams
@@ -21,6 +22,10 @@ class EngineStepError(RuntimeError):
 
 class EngineDeadError(RuntimeError):
     """The engine is not running (it died, or the server is shutting down)."""
+
+
+class ReaderStalledError(RuntimeError):
+    """The request's reader took nothing for longer than the server's limit: it was aborted."""
 
 
 class EngineClient(abc.ABC):
@@ -54,9 +59,10 @@ class EngineClient(abc.ABC):
 
     @abc.abstractmethod
     async def add_request(self, request_id: str, prompt: Union[str, list[int]],
-                          params: SamplingParams) -> asyncio.Queue:
+                          params: SamplingParams, final_only: bool = False) -> OutputCollector:
         """Queue a request; raises ValueError for bad input, EngineDeadError when the engine
-        is not running."""
+        is not running. `final_only`: one output, when the request has finished (a response
+        that is not streamed needs no other, and the engine builds none)."""
 
     @abc.abstractmethod
     def abort_nowait(self, request_id: str) -> None:
@@ -74,17 +80,15 @@ class EngineClient(abc.ABC):
         finally:
             await outputs.aclose()  # runs iterate's abort now, not when garbage-collected
 
-    async def iterate(self, request_id: str, stream: asyncio.Queue
+    async def iterate(self, request_id: str, stream: OutputCollector
                       ) -> AsyncIterator[RequestOutput]:
         """The outputs of a request added with add_request (split out so a caller can add several
-        requests, and report a bad one, before streaming any)."""
+        requests, and report a bad one, before streaming any). A reader that lags sees only the
+        newest output: they are cumulative."""
         finished = False
         try:
             while not finished:
                 item = await stream.get()
-                # Outputs are cumulative: when the consumer lags, only the newest one matters.
-                while not stream.empty() and not isinstance(item, BaseException):
-                    item = stream.get_nowait()
                 if isinstance(item, BaseException):
                     finished = True
                     raise item

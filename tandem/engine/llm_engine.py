@@ -13,7 +13,7 @@ import itertools
 import logging
 import random
 import time
-from typing import Any, Optional, Union
+from typing import Any, Callable, Optional, Union
 
 
 from tandem.config import EngineConfig
@@ -56,6 +56,9 @@ class LLMEngine:
         self.model_config = mc
         self.device = config.device
         self.tokenizer = load_tokenizer(mc)
+        # What a step returns for each request: a cumulative RequestOutput by default; the
+        # engine core process installs its delta encoder, which reads only what is new.
+        self.output_builder: Optional[Callable[[RequestGroup], Any]] = None
         t0 = time.perf_counter()
         spec = config.speculative_config
         # The executor loads the models (this rank's shards) and starts any other ranks.
@@ -291,7 +294,8 @@ class LLMEngine:
         for group in groups.values():
             if group.final_only and not group.finished:
                 continue
-            outputs.append(group.make_output())
+            outputs.append(group.make_output() if self.output_builder is None
+                           else self.output_builder(group))
             if group.finished:
                 self.counters["request_failed" if group.error else "request_success"] += 1
                 self.parents.pop(group.request_id, None)

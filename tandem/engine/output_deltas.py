@@ -2,7 +2,11 @@
 
 The engine's `RequestOutput`s are cumulative; sending them whole each step would cost the square
 of the length. `DeltaEncoder` (engine side) sends only what is new since the last message for a
-request, `OutputAssembler` (API side) rebuilds the same cumulative `RequestOutput`s. Token ids,
+request, `OutputAssembler` (API side) rebuilds the same cumulative `RequestOutput`s. In the engine
+core process the encoder reads the engine's request groups directly (`encode_group`, installed as
+the engine's `output_builder`), slicing only the new tail of each list, so a step's output work
+does not grow with the length of the outputs; `encode` takes a built `RequestOutput` (an engine
+without `output_builder`, such as the tests' fake one). Token ids,
 logprobs and token origins only grow; text grows too, except that the text visible while running
 holds back a tail that may start a stop string (never shown, so never taken back): a delta still
 says where its text starts, so the client never depends on that.
@@ -10,10 +14,14 @@ says where its text starts, so the client never depends on that.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
-from typing import Optional, Union
+from typing import TYPE_CHECKING, Callable, Optional, Sequence, Union
 
 from tandem.outputs import CompletionOutput, Logprob, RequestOutput, SpecDecodeRequestStats
+
+if TYPE_CHECKING:
+    from tandem.engine.request_group import RequestGroup
 
 # (token id, logprob, rank, decoded token) for each entry of a position's logprobs
 WireLogprobs = list[tuple[int, float, Optional[int], Optional[str]]]
@@ -68,49 +76,95 @@ class _Sent:
     finished: set[int] = field(default_factory=set)        # completions already sent finished
 
 
+def _completion_delta(sent: _Sent, index: int, text: str, token_ids: Sequence[int],
+                      cumulative_logprob: Optional[float],
+                      logprobs: Optional[Sequence[Optional[dict[int, Logprob]]]],
+                      finish_reason: Optional[str], stop_reason: Union[int, str, None],
+                      stats: Optional[SpecDecodeRequestStats],
+                      from_draft: Callable[[int], list[bool]],
+                      rejected: Sequence[Optional[int]]) -> Optional[CompletionDelta]:
+    """What is new in one completion since `sent` (None: nothing); the sequences are the
+    completion's whole lists, of which only the tail is read."""
+    if index in sent.finished:
+        return None  # a finished completion never changes again
+    text_start = min(sent.text.get(index, 0), len(text))
+    token_start = sent.tokens.get(index, 0)
+    if (index in sent.tokens and text_start == len(text) and token_start == len(token_ids)
+            and finish_reason is None):
+        return None  # nothing new for this one
+    delta = CompletionDelta(
+        index, text_start, text[text_start:], token_start, list(token_ids[token_start:]),
+        cumulative_logprob,
+        None if logprobs is None else [_wire_logprobs(e) for e in logprobs[token_start:]],
+        finish_reason, stop_reason,
+        None if stats is None else (stats.num_spec_steps, stats.num_draft_tokens,
+                                    stats.num_accepted_tokens, list(stats.acceptance_histogram)),
+        from_draft(token_start), list(rejected[token_start:]))
+    sent.text[index] = len(text)
+    sent.tokens[index] = len(token_ids)
+    if finish_reason is not None:
+        sent.finished.add(index)
+    return delta
+
+
 class DeltaEncoder:
-    """Engine side: each RequestOutput as what is new since this request's last delta."""
+    """Engine side: each request's output as what is new since this request's last delta."""
 
     def __init__(self) -> None:
         self._sent: dict[str, _Sent] = {}
 
     def encode(self, out: RequestOutput) -> OutputDelta:
+        """From a built (cumulative) RequestOutput."""
         sent = self._sent.setdefault(out.request_id, _Sent())
         completions = []
         for o in out.outputs:
-            if o.index in sent.finished:
-                continue  # a finished completion never changes again
-            text_start = min(sent.text.get(o.index, 0), len(o.text))
-            token_start = sent.tokens.get(o.index, 0)
-            if (o.index in sent.tokens and text_start == len(o.text)
-                    and token_start == len(o.token_ids) and o.finish_reason is None):
-                continue  # nothing new for this one
-            stats = o.spec_decode_stats
-            completions.append(CompletionDelta(
-                o.index, text_start, o.text[text_start:], token_start, o.token_ids[token_start:],
-                o.cumulative_logprob,
-                None if o.logprobs is None
-                else [_wire_logprobs(e) for e in o.logprobs[token_start:]],
-                o.finish_reason, o.stop_reason,
-                None if stats is None else (stats.num_spec_steps, stats.num_draft_tokens,
-                                            stats.num_accepted_tokens,
-                                            list(stats.acceptance_histogram)),
-                [origin == "draft" for origin in o.token_origins[token_start:]],
-                list(o.rejected_draft_ids[token_start:])))
-            sent.text[o.index] = len(o.text)
-            sent.tokens[o.index] = len(o.token_ids)
-            if o.finish_reason is not None:
-                sent.finished.add(o.index)
-        plp = out.prompt_logprobs
+            origins = o.token_origins
+            c = _completion_delta(
+                sent, o.index, o.text, o.token_ids, o.cumulative_logprob, o.logprobs,
+                o.finish_reason, o.stop_reason, o.spec_decode_stats,
+                lambda start, origins=origins: [x == "draft" for x in origins[start:]],
+                o.rejected_draft_ids)
+            if c is not None:
+                completions.append(c)
+        return self._finish(sent, out.request_id, out.finished, out.error, out.num_cached_tokens,
+                            out.prompt_token_ids, out.prompt_logprobs, completions)
+
+    def encode_group(self, group: RequestGroup) -> OutputDelta:
+        """From the engine's own request group (what `RequestGroup.make_output` reads), reading
+        only the new tail of each child's lists."""
+        sent = self._sent.setdefault(group.request_id, _Sent())
+        completions = []
+        for child in group.children:
+            want_lp = child.params.logprobs is not None
+            flags = child.token_from_draft
+            c = _completion_delta(
+                sent, child.index,
+                group.detoks[child.request_id].visible_text(child.status.finished),
+                child.output_token_ids, child.cumulative_logprob if want_lp else None,
+                child.logprobs if want_lp else None, child.finish_reason, child.stop_reason,
+                child.spec_stats, lambda start, flags=flags: flags[start:],
+                child.rejected_drafts)
+            if c is not None:
+                completions.append(c)
+        first = group.children[0] if group.children else None
+        want_plp = first is not None and first.params.prompt_logprobs is not None
+        return self._finish(sent, group.request_id, group.finished, group.error,
+                            first.num_cached_tokens if first else 0, group.prompt_token_ids,
+                            first.prompt_logprobs if want_plp and first else None, completions)
+
+    def _finish(self, sent: _Sent, request_id: str, finished: bool, error: Optional[str],
+                num_cached_tokens: int, prompt_token_ids: Sequence[int],
+                plp: Optional[Sequence[Optional[dict[int, Logprob]]]],
+                completions: list[CompletionDelta]) -> OutputDelta:
         plp_start = sent.prompt_logprobs
         delta = OutputDelta(
-            out.request_id, out.finished, out.error, out.num_cached_tokens,
-            None if sent.prompt_sent else list(out.prompt_token_ids), plp_start,
+            request_id, finished, error, num_cached_tokens,
+            None if sent.prompt_sent else list(prompt_token_ids), plp_start,
             None if plp is None else [_wire_logprobs(e) for e in plp[plp_start:]], completions)
         sent.prompt_sent = True
         sent.prompt_logprobs = len(plp) if plp is not None else 0
-        if out.finished:
-            del self._sent[out.request_id]
+        if finished:
+            del self._sent[request_id]
         return delta
 
     def forget(self, request_id: str) -> None:
@@ -189,6 +243,11 @@ class OutputAssembler:
 
     def apply(self, d: OutputDelta) -> RequestOutput:
         """Raises KeyError for a request that was never added (or already forgotten)."""
+        return self.apply_lazily(d)()
+
+    def apply_lazily(self, d: OutputDelta) -> Callable[[], RequestOutput]:
+        """Apply the delta now; the snapshot is built when the returned function is called (a
+        reader that lags takes only the newest, so the others are never built)."""
         req = self._requests[d.request_id]
         if d.prompt_token_ids is not None:
             req.prompt_token_ids = d.prompt_token_ids
@@ -199,8 +258,12 @@ class OutputAssembler:
             req.completions.setdefault(c.index, _Completion(c.index)).apply(c)
         if d.finished:
             del self._requests[d.request_id]
-        return RequestOutput(
-            d.request_id, req.prompt, req.prompt_token_ids,
-            None if req.prompt_logprobs is None else list(req.prompt_logprobs),
-            [c.snapshot() for c in req.completions.values()], d.finished, d.num_cached_tokens,
-            d.error)
+        return functools.partial(_snapshot, d, req)
+
+
+def _snapshot(d: OutputDelta, req: _Request) -> RequestOutput:
+    return RequestOutput(
+        d.request_id, req.prompt, req.prompt_token_ids,
+        None if req.prompt_logprobs is None else list(req.prompt_logprobs),
+        [c.snapshot() for c in req.completions.values()], d.finished, d.num_cached_tokens,
+        d.error)

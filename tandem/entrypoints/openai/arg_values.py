@@ -60,6 +60,18 @@ def parse_bytes(value: str) -> int:
     return result
 
 
+def parse_seconds(value: str) -> float:
+    """A positive number of seconds."""
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = float("nan")
+    if not seconds > 0 or seconds == float("inf"):
+        raise argparse.ArgumentTypeError(f"invalid number of seconds {value!r}: must be a "
+                                         "positive number")
+    return seconds
+
+
 def json_value(text: str) -> Any:
     try:
         return json.loads(text)

@@ -16,7 +16,7 @@ from typing import Any, Optional, Sequence
 from tandem.entrypoints.openai.arg_values import (ArgumentError, extract_dotted, json_value,
                                                    normalize_argv, parse_bytes,
                                                    parse_compilation_config, parse_max_model_len,
-                                                   parse_speculative_config)
+                                                   parse_seconds, parse_speculative_config)
 from tandem.entrypoints.openai.serve_flags import (add_compat_flags, check_compat_flags,
                                                    config_file_args)
 
@@ -167,6 +167,14 @@ def make_serve_parser(parser: Optional[argparse.ArgumentParser] = None) -> argpa
                         "sandbox under a time limit); refused otherwise")
     p.add_argument("--shutdown-timeout", type=float, default=10.0,
                    help="seconds requests in flight may take to finish after SIGTERM")
+    p.add_argument("--engine-iteration-timeout-s", type=parse_seconds, default=None,
+                   help="seconds the engine core may stay silent (no step ended, no idle "
+                        "heartbeat) before it counts as hung: /health turns 503, requests fail "
+                        "and the server exits 1 (default: VLLM_ENGINE_ITERATION_TIMEOUT_S, else "
+                        "60; raised to 4x the longest step seen)")
+    p.add_argument("--stream-stall-timeout-s", type=parse_seconds, default=300.0,
+                   help="seconds a streaming client may read nothing before its request is "
+                        "aborted and its KV blocks freed")
     p.add_argument("--enable-log-requests", action=argparse.BooleanOptionalAction,
                    default=False, help="log every request's id, prompt length and parameters")
     p.add_argument("--disable-log-requests", action="store_true",

@@ -78,7 +78,7 @@ class OpenAIServingChat(OpenAIServing):
                 params.skip_special_tokens = False  # the parser must see the tags
         response_id = request.request_id or random_id("chatcmpl")
         await self.compile_grammar(params.structured_outputs)
-        started = await self.start([(ids, params)])
+        started = await self.start([(ids, params)], final_only=not request.stream)
         assembler = _ChatAssembler(self, request, model, response_id, len(ids), tools, phase)
         if request.stream:
             return StreamingResponse(assembler.events(self.merge(started)),

@@ -63,7 +63,7 @@ class OpenAIServingCompletion(OpenAIServing):
             params = self.sampling_params(request, max_tokens, request.logprobs, prompt_logprobs)
             jobs.append((ids, params))
         await self.compile_grammar(jobs[0][1].structured_outputs)
-        started = await self.start(jobs)
+        started = await self.start(jobs, final_only=not request.stream)
         stream = _Assembler(self, request, model, base_id, prompts)
         if request.stream:
             return StreamingResponse(stream.events(self.merge(started)), media_type=MEDIA_TYPE,

@@ -17,7 +17,9 @@ import time
 import uuid
 from typing import Any, AsyncIterator, Optional, Sequence, Union
 
-from tandem.engine.engine_client import EngineClient, EngineDeadError, EngineStepError
+from tandem.engine.engine_client import (EngineClient, EngineDeadError, EngineStepError,
+                                         ReaderStalledError)
+from tandem.engine.output_collector import OutputCollector
 from tandem.entrypoints.openai.errors import OpenAIError
 from tandem.entrypoints.openai.request_params import RequestParams
 from tandem.outputs import RequestOutput, SpecDecodeRequestStats
@@ -140,19 +142,20 @@ class OpenAIServing(RequestParams):
 
     # ---- running requests ------------------------------------------------------------------
 
-    async def start(self, jobs: Sequence[tuple[Union[str, list[int]], SamplingParams]]
-                    ) -> list[tuple[str, asyncio.Queue]]:
+    async def start(self, jobs: Sequence[tuple[Union[str, list[int]], SamplingParams]],
+                    final_only: bool = False) -> list[tuple[str, OutputCollector]]:
         """Add every request before streaming any, so a bad one fails the whole call with 400.
-        Each gets a fresh internal id."""
-        started: list[tuple[str, asyncio.Queue]] = []
+        Each gets a fresh internal id. `final_only` (a response that is not streamed): the
+        engine sends each request's output once, when it has finished."""
+        started: list[tuple[str, OutputCollector]] = []
         try:
             for prompt, params in jobs:
                 request_id = random_id("req")
                 if self.options.log_requests:
                     logger.info("Received request %s: %d prompt tokens, params: %s", request_id,
                                 len(prompt) if isinstance(prompt, list) else -1, params)
-                started.append((request_id, await self.engine.add_request(request_id, prompt,
-                                                                          params)))
+                started.append((request_id, await self.engine.add_request(
+                    request_id, prompt, params, final_only=final_only)))
         except BaseException as e:
             for request_id, _ in started:
                 self.engine.abort_nowait(request_id)
@@ -163,41 +166,45 @@ class OpenAIServing(RequestParams):
             raise
         return started
 
-    async def merge(self, started: Sequence[tuple[str, asyncio.Queue]]
+    async def merge(self, started: Sequence[tuple[str, OutputCollector]]
                     ) -> AsyncIterator[tuple[int, RequestOutput]]:
-        """Outputs of several requests as (request index, cumulative output), as they come.
-        Leaving early aborts every request that has not finished."""
-        queue: asyncio.Queue = asyncio.Queue()
-
-        async def pump(i: int, request_id: str, stream: asyncio.Queue) -> None:
-            outputs = self.engine.iterate(request_id, stream)
-            try:
-                async for out in outputs:
-                    queue.put_nowait((i, out))
-            except Exception as e:
-                queue.put_nowait((i, e))
-            finally:
-                await outputs.aclose()
-                queue.put_nowait((i, None))
-
-        tasks = [asyncio.ensure_future(pump(i, rid, s)) for i, (rid, s) in enumerate(started)]
+        """Outputs of several requests as (request index, cumulative output), as they come. Each
+        request's collector keeps only its newest output, and nothing is read ahead of the
+        consumer: a consumer that stops (a client that no longer reads its stream) holds one
+        output per request, never one per step. Leaving early aborts every request that has not
+        finished."""
+        woken = asyncio.Event()  # set by any collector's put
+        for _, stream in started:
+            stream.listener = woken
+        live = list(range(len(started)))
         try:
-            remaining = len(tasks)
-            while remaining:
-                i, item = await queue.get()
-                if item is None:
-                    remaining -= 1
-                elif isinstance(item, EngineStepError):
-                    raise OpenAIError(str(item), 500) from None
-                elif isinstance(item, EngineDeadError):
-                    raise OpenAIError(str(item), 503) from None
-                elif isinstance(item, Exception):
-                    raise item
-                else:
+            while live:
+                woken.clear()  # what came before is in the collectors, which are read next
+                taken = False
+                for i in list(live):
+                    stream = started[i][1]
+                    if stream.empty():
+                        continue
+                    item = stream.get_nowait()
+                    taken = True
+                    if isinstance(item, EngineStepError):
+                        raise OpenAIError(str(item), 500) from None
+                    if isinstance(item, EngineDeadError):
+                        raise OpenAIError(str(item), 503) from None
+                    if isinstance(item, ReaderStalledError):
+                        raise OpenAIError(str(item), 408) from None
+                    if isinstance(item, BaseException):
+                        raise item
+                    if item.finished:
+                        live.remove(i)
                     yield i, item
+                if not taken:
+                    await woken.wait()
         finally:
-            for task in tasks:
-                task.cancel()
+            for i in live:
+                self.engine.abort_nowait(started[i][0])
+            for _, stream in started:
+                stream.listener = None
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
