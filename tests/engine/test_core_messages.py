@@ -145,3 +145,32 @@ def test_a_text_prompt_gets_its_ids_from_the_first_delta_and_aborts_are_forgotte
     assert len(encoder) == 0 and "t" not in assembler
     with pytest.raises(KeyError):
         assembler.apply(encoder.encode(out))
+
+
+def test_deltas_read_from_the_engines_requests_equal_deltas_of_its_outputs(
+        tiny_llama: str) -> None:
+    """The engine core installs `encode_group` (slices of the requests' own lists) in place of
+    encoding each built RequestOutput: the assembler must rebuild the same outputs, step by
+    step, with speculation, logprobs, n = 2, a stop string and prompt logprobs."""
+    from tandem.engine.llm_engine import LLMEngine
+    engine = LLMEngine.from_kwargs(model=tiny_llama, max_model_len=128, speculative_config={
+        "model": tiny_llama, "num_speculative_tokens": 3, "adaptive": False})
+    params = SamplingParams(temperature=0.8, seed=7, max_tokens=24, n=2, logprobs=2,
+                            prompt_logprobs=1, stop=["e"])
+    by_group, by_output = DeltaEncoder(), DeltaEncoder()
+    assemblers = {"group": OutputAssembler(), "output": OutputAssembler()}
+    for a in assemblers.values():
+        a.add("r", [5, 6, 7])
+    built: list[OutputDelta] = []
+    engine.output_builder = lambda group: (built.append(by_group.encode_group(group)),
+                                           group.make_output())[1]
+    engine.add_request("r", [5, 6, 7], params)
+    steps = 0
+    while engine.has_unfinished_requests():
+        outs = engine.step()
+        for out in outs:
+            delta = built.pop(0)
+            assert _roundtrip(delta) == _roundtrip(by_output.encode(out))
+            assert assemblers["group"].apply(delta) == out
+        steps += 1
+    assert steps > 2 and not built and len(by_group) == 0

@@ -39,6 +39,7 @@ class _Req:
     choices: list[_Choice]
     rng: random.Random
     blocks: int
+    final_only: bool = False
 
 
 class FakeEngine:
@@ -66,7 +67,7 @@ class FakeEngine:
         return [x - norm for x in logits]
 
     def add_request(self, request_id: str, prompt: Union[str, list[int]],
-                    params: SamplingParams) -> None:
+                    params: SamplingParams, final_only: bool = False) -> None:
         ids = list(self.tokenizer(prompt).input_ids) if isinstance(prompt, str) else list(prompt)
         if not ids:
             raise ValueError("The prompt is empty.")
@@ -81,7 +82,8 @@ class FakeEngine:
         choices = [_Choice(i, stats=SpecDecodeRequestStats() if self.spec_k else None)
                    for i in range(params.n)]
         self.requests[request_id] = _Req(request_id, prompt if isinstance(prompt, str) else None,
-                                         ids, params, choices, random.Random(seed), blocks)
+                                         ids, params, choices, random.Random(seed), blocks,
+                                         final_only)
 
     def abort_request(self, request_id: str) -> None:
         req = self.requests.pop(request_id, None)
@@ -141,6 +143,8 @@ class FakeEngine:
                     self.accepted += burst - 1
                     self.drafted += self.spec_k
             finished = all(c.finish_reason for c in req.choices)
+            if req.final_only and not finished:
+                continue
             outs = [CompletionOutput(c.index, c.text, list(c.token_ids), None,
                                      list(c.logprobs) if req.params.logprobs is not None
                                      else None, c.finish_reason, c.stop_reason, c.stats)

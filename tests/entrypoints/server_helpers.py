@@ -45,18 +45,24 @@ class ServerProcess:
         return self.log_path.read_text(errors="replace")
 
 
-def serve_command(*args: str) -> list[str]:
+def serve_command(*args: str, console_script: bool = False) -> list[str]:
+    """`python -m tandem serve ...`, or the `tandem` script that pip installed beside python."""
+    if console_script:
+        return [str(Path(sys.executable).with_name("tandem")), "serve", *args]
     return [sys.executable, "-m", "tandem", "serve", *args]
 
 
 def start_server(model: str, extra: list[str], log_path: Path,
-                 env: Optional[dict[str, str]] = None) -> ServerProcess:
+                 env: Optional[dict[str, str]] = None, cwd: Optional[Path] = None,
+                 console_script: bool = False) -> ServerProcess:
     port = free_port()
     cmd = serve_command(model, "--host", "127.0.0.1", "--port", str(port), "--max-model-len",
-                        "256", "--uvicorn-log-level", "warning", "--disable-log-stats", *extra)
+                        "256", "--uvicorn-log-level", "warning", "--disable-log-stats", *extra,
+                        console_script=console_script)
     start = time.monotonic()
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=str(REPO_ROOT),
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                cwd=str(cwd or REPO_ROOT),
                                 env={**os.environ, **(env or {})}, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     while True:

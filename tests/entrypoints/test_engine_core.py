@@ -1,7 +1,7 @@
 """EngineCoreClient against an EngineCore over a real socketpair, the core's loop on a thread over
 the fake engine (the process itself is tested over HTTP in test_engine_process.py): the same
 outputs as the in-thread engine, errors from admission, aborts, a failing step, utility calls,
-and a core that dies or goes away."""
+a core that dies, goes away or falls silent, and readers that lag or stall."""
 
 from __future__ import annotations
 
@@ -18,22 +18,23 @@ from tandem.engine.async_engine import AsyncLLMEngine
 from tandem.engine.core_client import EngineCoreClient
 from tandem.engine.core_messages import Ready
 from tandem.engine.core_process import EngineCore
-from tandem.engine.engine_client import EngineDeadError, EngineStepError
+from tandem.engine.engine_client import EngineDeadError, EngineStepError, ReaderStalledError
 from tandem.sample.structured_params import StructuredOutputsParams
 from tandem.sampling_params import SamplingParams
 
 
 class _Pair:
-    def __init__(self, tokenizer: Any, grammars: Any = None) -> None:
+    def __init__(self, tokenizer: Any, grammars: Any = None, **client_kwargs: Any) -> None:
         self.fake = FakeEngine(tokenizer, max_model_len=64, spec_k=2)
         if grammars is not None:  # the fake then compiles in add_request, as LLMEngine does
             self.fake.grammars = grammars
             add = self.fake.add_request
 
-            def add_compiling(request_id: str, prompt: Any, params: SamplingParams) -> None:
+            def add_compiling(request_id: str, prompt: Any, params: SamplingParams,
+                              final_only: bool = False) -> None:
                 if params.structured_outputs is not None:
                     grammars.prototype(params.structured_outputs)
-                add(request_id, prompt, params)
+                add(request_id, prompt, params, final_only)
 
             self.fake.add_request = add_compiling
         ours, theirs = socket.socketpair()
@@ -43,7 +44,7 @@ class _Pair:
                                        daemon=True)
         self.thread.start()
         self.client = EngineCoreClient(ours, Ready(self.fake.num_blocks, []), tokenizer, 64,
-                                       self.fake.vocab_size, {})
+                                       self.fake.vocab_size, {}, **client_kwargs)
         self.dead_calls: list[bool] = []
         self.client.on_dead = lambda: self.dead_calls.append(True)
 
@@ -215,3 +216,112 @@ def test_a_grammar_compiles_off_the_loop_while_others_stream(tokenizer: Any) -> 
         pair.thread.join(5)
     assert finished
     assert during >= 5, during  # the plain stream kept going while the grammar compiled
+
+
+# ---- the watchdog and the collectors -------------------------------------------------------------
+
+def test_a_lagging_reader_takes_the_newest_output_and_nothing_else_is_built(
+        tokenizer: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tandem.engine import output_deltas
+    built: list[int] = []
+    snapshot = output_deltas._snapshot
+
+    def counting(d: Any, req: Any) -> Any:
+        built.append(1)
+        return snapshot(d, req)
+
+    monkeypatch.setattr(output_deltas, "_snapshot", counting)
+    pair = _Pair(tokenizer)
+
+    async def run() -> None:
+        await pair.client.start()
+        stream = await pair.client.add_request("r", [5, 6], SamplingParams(
+            max_tokens=40, ignore_eos=True))
+        while pair.fake.has_unfinished_requests() or stream.empty():
+            await asyncio.sleep(0.01)  # the reader sleeps while all 40 steps arrive
+        outs = [out async for out in pair.client.iterate("r", stream)]
+        assert len(outs) == 1 and outs[0].finished
+        assert len(outs[0].outputs[0].token_ids) == 40
+
+    try:
+        asyncio.run(run())
+    finally:
+        pair.client.shutdown()
+        pair.thread.join(5)
+    assert len(built) == 1  # 40 deltas arrived; one snapshot was made, for the one reader
+
+
+def test_a_stalled_reader_is_aborted_and_its_blocks_freed(tokenizer: Any) -> None:
+    pair = _Pair(tokenizer, stream_stall_timeout_s=0.3)
+    pair.fake.step_delay = 0.01
+    free = pair.fake.free_blocks
+
+    async def run() -> None:
+        await pair.client.start()
+        stream = await pair.client.add_request("stalled", [5, 6], SamplingParams(
+            max_tokens=100000, ignore_eos=True))
+        live = await pair.client.add_request("reading", [5, 6], SamplingParams(
+            max_tokens=60, ignore_eos=True))
+        outs = [out async for out in pair.client.iterate("reading", live)]  # ~0.6 s of steps
+        assert outs[-1].finished
+        await asyncio.sleep(0.5)
+        with pytest.raises(ReaderStalledError, match="read nothing"):
+            async for _ in pair.client.iterate("stalled", stream):
+                pass
+        deadline = time.monotonic() + 5
+        while pair.fake.has_unfinished_requests():
+            assert time.monotonic() < deadline, "the stalled request was not aborted"
+            await asyncio.sleep(0.01)
+
+    try:
+        asyncio.run(run())
+    finally:
+        pair.client.shutdown()
+        pair.thread.join(5)
+    assert pair.fake.free_blocks == free  # the aborted request gave its blocks back
+
+
+def test_a_silent_core_is_hung_within_the_limit(tokenizer: Any) -> None:
+    pair = _Pair(tokenizer, iteration_timeout_s=0.5)
+    release = threading.Event()
+    step = pair.fake.step
+
+    def hanging_step() -> Any:
+        if pair.fake.steps >= 5:
+            release.wait(30)  # a deadlocked kernel: the step never ends
+        return step()
+
+    pair.fake.step = hanging_step
+
+    async def run() -> float:
+        await pair.client.start()
+        await asyncio.sleep(1.5)  # idle: the heartbeat keeps it alive past the limit
+        assert pair.client.is_running and not pair.dead_calls
+        t0 = time.monotonic()
+        with pytest.raises(EngineDeadError, match="sent nothing"):
+            await _collect(pair.client, [5, 6], SamplingParams(max_tokens=50,
+                                                               ignore_eos=True), "r")
+        return time.monotonic() - t0
+
+    try:
+        waited = asyncio.run(run())
+    finally:
+        release.set()
+        pair.client.shutdown()
+        pair.thread.join(5)
+    assert 3.0 <= waited < 3.0 + 1.0, waited  # the floor: three idle heartbeats
+    assert pair.dead_calls == [True] and not pair.client.accepting
+
+
+def test_the_silence_limit_grows_with_the_longest_step() -> None:
+    from tandem.engine.core_watchdog import CoreWatchdog
+    dog = CoreWatchdog(iteration_timeout_s=5.0, stream_stall_timeout_s=300.0)
+    dog.heard(busy=False, now=0.0)
+    dog.heard(busy=False, now=30.0)  # an idle gap is not a step
+    assert dog.silence_limit_s == 5.0 and dog.hung(now=34.0) is None
+    assert "sent nothing for 6 s" in (dog.hung(now=36.0) or "")
+    dog.heard(busy=True, now=33.0)   # the first output of a request: the wait was idle
+    assert dog.silence_limit_s == 5.0
+    dog.heard(busy=True, now=40.0)   # a 7 s step
+    assert dog.silence_limit_s == 28.0
+    assert dog.hung(now=40.0 + 27.0) is None and dog.hung(now=40.0 + 29.0) is not None
