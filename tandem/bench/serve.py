@@ -3,6 +3,10 @@
 Streams completions (ignore_eos, so each asks for exactly --max-tokens) with C requests in
 flight at a time; per level: time to first token, inter-token latency (gaps between streamed
 chunks), output tokens/s and requests/s. Works against tandem or any vLLM-compatible server.
+`--no-stream` asks for whole answers (the time to first token is then the whole request's).
+With `--server-pid` (a server on this machine), the CPU time its process and its children (the
+engine core) spent per output token at each level: what the API side costs, apart from the
+engine.
 With --peer-url, the same client runs against a second server (llama-server, vLLM) at each level
 in turn, and the ratios ours/peer are printed.
 """
@@ -12,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import time
 from typing import Any, Optional
 
@@ -47,6 +52,16 @@ async def _timed(client: Any, url: str, body: dict[str, Any], headers: dict[str,
                  ) -> dict[str, Any]:
     import httpx
     t0 = time.perf_counter()
+    if not body["stream"]:
+        try:
+            r = await client.post(url, json=body, headers=headers, timeout=600)
+        except httpx.RemoteProtocolError as e:
+            raise _NoResponse(str(e)) from e
+        if r.status_code != 200:
+            raise RuntimeError(f"{url} answered {r.status_code}: {r.text[:300]!r}")
+        tokens = (r.json().get("usage") or {}).get("completion_tokens", 0)
+        return {"ttft": time.perf_counter() - t0, "gaps": [], "tokens": tokens,
+                "usage": bool(tokens)}
     stamps: list[float] = []
     tokens = 0
     request = client.build_request("POST", url, json=body, headers=headers, timeout=600)
@@ -77,8 +92,36 @@ async def _timed(client: Any, url: str, body: dict[str, Any], headers: dict[str,
             "usage": bool(tokens)}
 
 
+def _cpu_seconds(pid: int) -> tuple[float, float]:
+    """CPU seconds (user + system) of process `pid`, and of its live descendants."""
+    tick = os.sysconf("SC_CLK_TCK")
+
+    def own(p: int) -> float:
+        with open(f"/proc/{p}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+
+    def children(p: int) -> list[int]:
+        out = []
+        for task in os.listdir(f"/proc/{p}/task"):
+            with open(f"/proc/{p}/task/{task}/children") as f:
+                out += [int(c) for c in f.read().split()]
+        return out
+
+    total, todo = 0.0, children(pid)
+    while todo:
+        c = todo.pop()
+        try:
+            total += own(c)
+            todo += children(c)
+        except FileNotFoundError:
+            continue
+    return own(pid), total
+
+
 async def _level(base_url: str, model: str, prompts: list[str], concurrency: int,
-                 args: argparse.Namespace, api_key: Optional[str], bar: Any) -> dict[str, Any]:
+                 args: argparse.Namespace, api_key: Optional[str], bar: Any,
+                 server_pid_applies: bool = True) -> dict[str, Any]:
     import httpx
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     queue: asyncio.Queue[str] = asyncio.Queue()
@@ -90,17 +133,26 @@ async def _level(base_url: str, model: str, prompts: list[str], concurrency: int
         while not queue.empty():
             prompt = queue.get_nowait()
             body = {"model": model, "prompt": prompt, "max_tokens": args.max_tokens,
-                    "temperature": args.temperature, "ignore_eos": True, "stream": True,
-                    "stream_options": {"include_usage": True}}
+                    "temperature": args.temperature, "ignore_eos": True, "stream": args.stream}
+            if args.stream:
+                body["stream_options"] = {"include_usage": True}
             results.append(await _one(client, base_url + "/completions", body, headers))
             bar.update(1)
 
+    pid = getattr(args, "server_pid", None) if server_pid_applies else None
+    cpu0 = _cpu_seconds(pid) if pid else None
     t0 = time.perf_counter()
-    async with httpx.AsyncClient() as client:
+    async with httpx.AsyncClient(limits=httpx.Limits(max_connections=max(100, concurrency))
+                                 ) as client:
         await asyncio.gather(*(worker(client) for _ in range(concurrency)))
     seconds = time.perf_counter() - t0
     tokens = sum(r["tokens"] for r in results)
-    return {"concurrency": concurrency, "requests": len(results), "seconds": seconds,
+    cpu = {}
+    if cpu0 is not None:
+        api, core = (b - a for a, b in zip(cpu0, _cpu_seconds(pid)))
+        cpu = {"api_cpu_us_per_token": 1e6 * api / max(tokens, 1),
+               "engine_cpu_us_per_token": 1e6 * core / max(tokens, 1)}
+    return {"concurrency": concurrency, **cpu, "requests": len(results), "seconds": seconds,
             "tokens_counted_by": "usage" if all(r["usage"] for r in results) else "chunks",
             "retries": sum(r["retries"] for r in results),
             "output_tokens_per_s": tokens / seconds, "requests_per_s": len(results) / seconds,
@@ -120,9 +172,11 @@ def _v1(url: str) -> str:
 
 
 def _print_level(name: str, lv: dict[str, Any]) -> None:
+    cpu = (f", CPU per token: API {lv['api_cpu_us_per_token']:.0f} us, engine "
+           f"{lv['engine_cpu_us_per_token']:.0f} us" if "api_cpu_us_per_token" in lv else "")
+    itl = f"{lv['itl']['median_ms']:.1f} ms" if lv["itl"]["median_ms"] else "-"
     print(f"{name}concurrency {lv['concurrency']:3d}: {lv['output_tokens_per_s']:8.1f} tok/s, "
-          f"TTFT median {lv['ttft']['median_ms']:.0f} ms, ITL median "
-          f"{lv['itl']['median_ms']:.1f} ms")
+          f"TTFT median {lv['ttft']['median_ms']:.0f} ms, ITL median {itl}{cpu}")
 
 
 def main(args: argparse.Namespace) -> dict[str, Any]:
@@ -142,11 +196,12 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
                                              bar)))
             if peer_url:
                 peer_levels.append(asyncio.run(_level(peer_url, peer_model, prompts, c, args,
-                                                      args.peer_api_key, bar)))
+                                                      args.peer_api_key, bar, False)))
     for lv in levels:
         _print_level("", lv)
     result = {"benchmark": "serve", "base_url": base_url, "model": model,
-              "num_prompts": len(prompts), "max_tokens": args.max_tokens, "levels": levels}
+              "num_prompts": len(prompts), "max_tokens": args.max_tokens,
+              "stream": args.stream, "levels": levels}
     if peer_url:
         for lv in peer_levels:
             _print_level("peer ", lv)
@@ -207,6 +262,11 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--peer-model", default=None, help="the peer's model name (default: its own)")
     p.add_argument("--peer-api-key", default=None)
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
+    p.add_argument("--stream", action=argparse.BooleanOptionalAction, default=True,
+                   help="stream the answers (default), or ask for whole ones")
+    p.add_argument("--server-pid", type=int, default=None,
+                   help="the server's pid, on this machine: report the CPU time it and its "
+                        "children spent per output token")
     p.add_argument("--plot", default=None, help="PNG file for the plot")
     p.add_argument("--no-progress", action="store_true")
     add_prompt_args(p)

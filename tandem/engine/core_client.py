@@ -35,8 +35,7 @@ from tandem.engine.core_messages import (AbortRequests, AddRequest, EngineCoreOu
                                          FrameBuffer, Ready, Shutdown, UtilityCall, encode_frame)
 from tandem.engine.core_watchdog import (DEFAULT_STREAM_STALL_TIMEOUT_S, CoreWatchdog,
                                          default_iteration_timeout)
-from tandem.engine.engine_client import (EngineClient, EngineDeadError, EngineStepError,
-                                         ReaderStalledError)
+from tandem.engine.engine_client import EngineClient, EngineDeadError, EngineStepError
 from tandem.engine.output_collector import OutputCollector
 from tandem.engine.output_deltas import OutputAssembler
 from tandem.metrics import AnyMetric, with_vllm_names
@@ -120,7 +119,9 @@ class EngineCoreClient(EngineClient):
             lambda: _ChannelProtocol(self), self._sock)
         self._transport = transport  # type: ignore[assignment]
         self.watchdog.heard(busy=False)  # the silence counts from now, not from the start-up
-        self._watch_task = self._loop.create_task(self._watch())
+        self._watch_task = self._loop.create_task(self.watchdog.watch(
+            self._streams, lambda: self._dead is None and not self._closing, self._hung,
+            self.abort_nowait))
 
     # ---- the interface of AsyncLLMEngine ----------------------------------------------------
 
@@ -281,26 +282,10 @@ class EngineCoreClient(EngineClient):
         if msg.dead:
             self._die(msg.dead)
 
-    async def _watch(self) -> None:
-        """Every check interval: is the core still speaking, is every reader still reading?"""
-        while self._dead is None and not self._closing:
-            await asyncio.sleep(self.watchdog.check_interval_s)
-            if self._dead is not None or self._closing:
-                return
-            hung = self.watchdog.hung()
-            if hung is not None:
-                self._die(hung)
-                if self.process is not None and self.process.poll() is None:
-                    self.process.kill()  # a stopped process cannot exit by itself
-                return
-            for request_id in self.watchdog.stalled(self._streams.items()):
-                logger.warning("request %s: its reader took nothing for over %g s "
-                               "(--stream-stall-timeout-s); aborting it", request_id,
-                               self.watchdog.stream_stall_timeout_s)
-                self._streams[request_id].put_nowait(ReaderStalledError(
-                    "the client read nothing of this stream for over "
-                    f"{self.watchdog.stream_stall_timeout_s:g} s; the request was aborted"))
-                self.abort_nowait(request_id)
+    def _hung(self, reason: str) -> None:
+        self._die(reason)
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()  # a stopped process cannot exit by itself
 
     def _on_channel_closed(self) -> None:
         if self._closing:

@@ -14,11 +14,16 @@ a client that stopped reading its stream) loses its request: it is aborted and i
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import os
 import time
-from typing import Iterable, Optional
+from typing import Callable, Iterable, Optional
 
+from tandem.engine.engine_client import ReaderStalledError
 from tandem.engine.output_collector import OutputCollector
+
+logger = logging.getLogger("tandem.engine_client")
 
 HEARTBEAT_S = 1.0               # the core's idle heartbeat
 DEFAULT_ITERATION_TIMEOUT_S = 60.0
@@ -83,3 +88,25 @@ class CoreWatchdog:
         return [request_id for request_id, collector in streams
                 if collector.pending_since is not None
                 and now - collector.pending_since > self.stream_stall_timeout_s]
+
+    async def watch(self, streams: dict[str, OutputCollector], alive: Callable[[], bool],
+                    on_hung: Callable[[str], None], abort: Callable[[str], None]) -> None:
+        """Every check interval, while `alive()`: a silent core is reported to `on_hung(why)`
+        (once: the watch ends); a stalled reader's request gets a `ReaderStalledError` and is
+        `abort`ed."""
+        while alive():
+            await asyncio.sleep(self.check_interval_s)
+            if not alive():
+                return
+            why = self.hung()
+            if why is not None:
+                on_hung(why)
+                return
+            for request_id in self.stalled(streams.items()):
+                logger.warning("request %s: its reader took nothing for over %g s "
+                               "(--stream-stall-timeout-s); aborting it", request_id,
+                               self.stream_stall_timeout_s)
+                streams[request_id].put_nowait(ReaderStalledError(
+                    "the client read nothing of this stream for over "
+                    f"{self.stream_stall_timeout_s:g} s; the request was aborted"))
+                abort(request_id)

@@ -175,6 +175,9 @@ class DeltaEncoder:
         return len(self._sent)
 
 
+_ORIGIN = {True: "draft", False: "target"}
+
+
 @dataclass
 class _Completion:
     index: int
@@ -185,7 +188,7 @@ class _Completion:
     finish_reason: Optional[str] = None
     stop_reason: Union[int, str, None] = None
     spec_stats: Optional[tuple[int, int, int, list[int]]] = None
-    from_draft: list[bool] = field(default_factory=list)
+    origins: list[str] = field(default_factory=list)  # "draft" / "target", as outputs give them
     rejected: list[Optional[int]] = field(default_factory=list)
 
     def apply(self, d: CompletionDelta) -> None:
@@ -198,8 +201,8 @@ class _Completion:
             self.logprobs += [_logprobs(e) or {} for e in d.logprobs]
         self.finish_reason, self.stop_reason = d.finish_reason, d.stop_reason
         self.spec_stats = d.spec_stats
-        del self.from_draft[d.token_start:]
-        self.from_draft += d.from_draft
+        del self.origins[d.token_start:]
+        self.origins += [_ORIGIN[f] for f in d.from_draft]  # once per token, not per snapshot
         del self.rejected[d.token_start:]
         self.rejected += d.rejected_draft_ids
 
@@ -211,8 +214,7 @@ class _Completion:
         return CompletionOutput(
             self.index, self.text, list(self.token_ids), self.cumulative_logprob,
             None if self.logprobs is None else list(self.logprobs), self.finish_reason,
-            self.stop_reason, stats, ["draft" if d else "target" for d in self.from_draft],
-            list(self.rejected))
+            self.stop_reason, stats, list(self.origins), list(self.rejected))
 
 
 @dataclass

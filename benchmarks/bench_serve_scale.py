@@ -1,0 +1,88 @@
+"""The server at scale (issue 45): `tandem serve` at several stream counts and output lengths,
+against the offline engine on the same shapes, with what the API process itself costs per token.
+
+For each output length (--lengths) and stream count C (--streams): C requests of that many tokens
+at once (ignore_eos), through HTTP with the lean client of `tandem bench serve` (streamed, and
+with --no-stream-too also whole), and through the offline `LLM` in this process (idle while the
+server is measured): output tokens/s, the ratio served/offline, and the CPU time per output token
+of the API process and of the engine core process (from /proc). The API's per-token cost should
+not grow with the output's length.
+
+  python benchmarks/bench_serve_scale.py [--streams 1 16 64] [--lengths 128 2048] [--no-stream-too]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_serve_core import _start  # noqa: E402
+from common import ROOT, SMOLLM2, prompts, save  # noqa: E402
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default=SMOLLM2)
+    p.add_argument("--streams", type=int, nargs="+", default=[1, 16, 64])
+    p.add_argument("--lengths", type=int, nargs="+", default=[128, 2048])
+    p.add_argument("--no-stream-too", action="store_true")
+    p.add_argument("--port", type=int, default=8312)
+    p.add_argument("--repo", default=str(ROOT))
+    args = p.parse_args()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from tandem import LLM, SamplingParams
+    from tandem.bench.serve import _level
+    top = max(args.lengths) + 128
+    log = Path("/tmp/bench_serve_scale.log")
+    proc = _start(Path(args.repo), args.model, top, {}, args.port, log)
+    llm = LLM(args.model, max_model_len=top, seed=0)
+    rows = []
+    try:
+        for n in args.lengths:
+            for c in args.streams:
+                texts = prompts(c)
+                params = SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
+                t0 = time.perf_counter()
+                llm.generate(texts, params, use_tqdm=False)
+                offline = c * n / (time.perf_counter() - t0)
+                for stream in [True, False] if args.no_stream_too else [True]:
+                    ns = argparse.Namespace(max_tokens=n, temperature=0.0, stream=stream,
+                                            server_pid=proc.pid)
+                    lv = asyncio.run(_level(f"http://127.0.0.1:{args.port}/v1",
+                                            args.model, texts, c, ns, None, _NoBar()))
+                    row = {"tokens": n, "streams": c, "stream": stream,
+                           "served_tok_s": lv["output_tokens_per_s"], "offline_tok_s": offline,
+                           "ratio": lv["output_tokens_per_s"] / offline,
+                           "api_cpu_us_per_token": lv["api_cpu_us_per_token"],
+                           "engine_cpu_us_per_token": lv["engine_cpu_us_per_token"]}
+                    rows.append(row)
+                    print(f"{n:5d} tokens x {c:3d} {'streams' if stream else 'whole  '}: served "
+                          f"{row['served_tok_s']:7.1f} tok/s, offline {offline:7.1f} "
+                          f"({row['ratio']:.2f}x); CPU per token: API "
+                          f"{row['api_cpu_us_per_token']:.0f} us, engine "
+                          f"{row['engine_cpu_us_per_token']:.0f} us", flush=True)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    print(save("serve-scale", {"model": args.model, "rows": rows}))
+    print(json.dumps(rows[-1]))
+
+
+class _NoBar:
+    def update(self, n: int) -> None:
+        pass
+
+
+if __name__ == "__main__":
+    main()
