@@ -5,11 +5,13 @@ The core sends a message after every step and a heartbeat every `HEARTBEAT_S` wh
 silence means a core that is stopped (`kill -STOP`), hung (a deadlock in a kernel or in OpenMP)
 or in an endless step. The limit is the iteration timeout (`--engine-iteration-timeout-s`, or
 vLLM's `VLLM_ENGINE_ITERATION_TIMEOUT_S`, 60 s by default) or four times the longest silence seen
-while requests were in flight (a step), whichever is longer (and never under three heartbeats), so a machine whose steps are slow (a
-large prefill chunk on a few cores) is not taken for a hung one once it has shown its pace.
+while requests were in flight (a step), whichever is longer, and never under three heartbeats: a
+machine whose steps are slow (a large prefill chunk on a few cores) is not taken for a hung one
+once it has shown its pace.
 
 A reader stalled past `--stream-stall-timeout-s` (an output waiting untaken in its collector:
 a client that stopped reading its stream) loses its request: it is aborted and its blocks freed.
+`watch` is the loop that checks both, on the API process's event loop.
 """
 
 from __future__ import annotations
