@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import signal
 import socket
 import sys
@@ -78,17 +79,22 @@ def bind_socket(host: Optional[str], port: int) -> socket.socket:
 
 
 @contextlib.contextmanager
-def _signals_stop_loading() -> Iterator[None]:
+def _signals_stop_loading() -> Iterator[list[int]]:
     """While the engine core loads, SIGTERM stops start-up as Ctrl-C does (the core is told and
-    waited for, instead of this process vanishing); uvicorn installs its handlers afterwards."""
+    waited for, instead of this process vanishing); uvicorn installs its handlers afterwards.
+    The signals caught are listed too, should a library swallow the KeyboardInterrupt."""
+    caught: list[int] = []
+
     def interrupt(signum: int, frame: Any) -> None:
+        caught.append(signum)
         raise KeyboardInterrupt()
 
-    previous = signal.signal(signal.SIGTERM, interrupt)
+    previous = {s: signal.signal(s, interrupt) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
-        yield
+        yield caught
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for s, handler in previous.items():
+            signal.signal(s, handler)
 
 
 def serve(argv: Sequence[str], launch_time: float) -> None:
@@ -127,14 +133,18 @@ def serve(argv: Sequence[str], launch_time: float) -> None:
             return (tokenizer, sampling_defaults(mc.model_dir, config.generation_config),
                     GrammarCompiler(tokenizer, mc.vocab_size))
 
-        with _signals_stop_loading():
+        with _signals_stop_loading() as caught:
             engine = EngineCoreClient.launch(config, not args.disable_log_stats, load_frontend,
                                              args.engine_iteration_timeout_s,
                                              args.stream_stall_timeout_s)
+        if caught:  # the KeyboardInterrupt was swallowed on the way: stop all the same
+            engine.shutdown()
+            raise KeyboardInterrupt()
     except (EngineStartupError, *STARTUP_ERRORS) as e:
         print_error_and_exit(one_line(e), 1)
     except KeyboardInterrupt:  # SIGINT or SIGTERM while loading: the core was stopped
-        print_error_and_exit("stopped while loading", 130)
+        print("tandem serve: error: stopped while loading", file=sys.stderr, flush=True)
+        os._exit(130)  # no wait for what loading left running (threads, atexit hooks)
     run_server(args, engine, chat_template, launch_time, sock)
 
 

@@ -113,12 +113,15 @@ def test_completion_marks_match_the_api(page: Any, web_servers: WebServers,
     open_page(page, srv)
     assert "3 draft tokens" in page.inner_text("#draft-status")
     fill_request(page, "completion", PROMPT, max_tokens=64, seed=7)
+    # Streaming: tokens are on the page while the request still runs. Seen from inside the page
+    # as tokens land (a MutationObserver), since a poll from here may come after a fast stream.
+    page.evaluate(f"""() => {{ window.sawRunning = false; new MutationObserver(() => {{
+        if ({COUNT} > 0 && document.getElementById('status').dataset.state === 'running')
+            window.sawRunning = true;
+    }}).observe(document.getElementById('output'), {{childList: true, subtree: true}}); }}""")
     page.click("#generate")
-    # Streaming: tokens are on the page while the request still runs.
-    page.wait_for_function(f"{COUNT} > 0 && "
-                           "document.getElementById('status').dataset.state === 'running'",
-                           timeout=TIMEOUT_MS)
     wait_done(page)
+    assert page.evaluate("() => window.sawRunning"), "no token was shown while it ran"
     shown = page.evaluate(TOKENS_JS)
 
     body = {"model": srv.model, "prompt": PROMPT, "max_tokens": 64, "temperature": 1.0,
