@@ -157,6 +157,16 @@ def _start(repo: Path, model: str, max_model_len: int, env: dict[str, str], port
         time.sleep(0.2)
 
 
+def _stop(proc: subprocess.Popen, timeout: float = 60.0) -> None:
+    """SIGTERM (the server drains and exits), then SIGKILL if it has not gone in `timeout`."""
+    proc.terminate()
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(5)
+
+
 def _stream(client: httpx.Client, url: str, prompt: str, max_tokens: int
             ) -> tuple[float, float, int]:
     """(seconds to the first text, seconds in all, completion tokens) of one streamed request."""
@@ -299,8 +309,7 @@ def main() -> None:
         try:
             s = compare(off, served(f"http://127.0.0.1:{args.port}"), args.rounds)
         finally:
-            proc.terminate()
-            proc.wait(60)
+            _stop(proc)
         result["servers"][config] = s
         print(f"{config}:", json.dumps({k: round(v, 3) for k, v in s.items()
                                         if not k.endswith("_rounds")}), flush=True)

@@ -17,14 +17,12 @@ import argparse
 import asyncio
 import json
 import os
-import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_serve_core import _start  # noqa: E402
+from bench_serve_core import _start, _stop  # noqa: E402
 from common import ROOT, SMOLLM2, prompts, save  # noqa: E402
 
 
@@ -70,11 +68,7 @@ def main() -> None:
                           f"{row['api_cpu_us_per_token']:.0f} us, engine "
                           f"{row['engine_cpu_us_per_token']:.0f} us", flush=True)
     finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        _stop(proc)
     print(save("serve-scale", {"model": args.model, "rows": rows}))
     print(json.dumps(rows[-1]))
 

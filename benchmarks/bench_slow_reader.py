@@ -21,9 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import socket
-import subprocess
 import sys
 import threading
 import time
@@ -31,25 +29,23 @@ from pathlib import Path
 
 import httpx
 
+from tandem.bench.serve import descendants
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_serve_core import _start  # noqa: E402  (starts a server from a checkout)
+from bench_serve_core import _start, _stop  # noqa: E402  (a server from a checkout)
 from common import ROOT, SMOLLM2, save  # noqa: E402
 
 
 def _rss_mb(pid: int) -> tuple[float, float]:
     """Resident memory, MB: of the API process, and of all its descendants (the engine core)."""
-    totals, todo = [0, 0], [(pid, 0)]
-    while todo:
-        p, which = todo.pop()
+    def rss(p: int) -> float:
         try:
             with open(f"/proc/{p}/statm") as f:
-                totals[which] += int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-            for task in os.listdir(f"/proc/{p}/task"):
-                with open(f"/proc/{p}/task/{task}/children") as f:
-                    todo += [(int(c), 1) for c in f.read().split()]
-        except (FileNotFoundError, ProcessLookupError):
-            continue
-    return totals[0] / 1e6, totals[1] / 1e6
+                return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 1e6
+        except FileNotFoundError:
+            return 0.0
+
+    return rss(pid), sum(rss(c) for c in descendants(pid))
 
 
 def _probe(url: str, tokens: int) -> float:
@@ -147,11 +143,7 @@ def main() -> None:
                   "control": args.control, "slow_stream_ended_with": ending[0],
                   "samples": samples}
     finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        _stop(proc)
     print(f"server RSS {rss0:.0f} MB before; while a reader of {args.tokens} tokens paused "
           f"{args.pause:.0f} s: +{result['growth_mb_at_end']} MB at the end (API process "
           f"+{result['api_growth_mb_at_end']}, engine core +{result['core_growth_mb_at_end']}), "

@@ -92,31 +92,36 @@ async def _timed(client: Any, url: str, body: dict[str, Any], headers: dict[str,
             "usage": bool(tokens)}
 
 
+def descendants(pid: int) -> list[int]:
+    """The live descendants of process `pid` (Linux /proc), children before grandchildren."""
+    out: list[int] = []
+    todo = [pid]
+    while todo:
+        p = todo.pop(0)
+        try:
+            for task in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{task}/children") as f:
+                    found = [int(c) for c in f.read().split()]
+                    out += found
+                    todo += found
+        except FileNotFoundError:
+            continue  # it exited meanwhile
+    return out
+
+
 def _cpu_seconds(pid: int) -> tuple[float, float]:
     """CPU seconds (user + system) of process `pid`, and of its live descendants."""
     tick = os.sysconf("SC_CLK_TCK")
 
     def own(p: int) -> float:
-        with open(f"/proc/{p}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
+        try:
+            with open(f"/proc/{p}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except FileNotFoundError:
+            return 0.0
         return (int(fields[11]) + int(fields[12])) / tick  # utime, stime
 
-    def children(p: int) -> list[int]:
-        out = []
-        for task in os.listdir(f"/proc/{p}/task"):
-            with open(f"/proc/{p}/task/{task}/children") as f:
-                out += [int(c) for c in f.read().split()]
-        return out
-
-    total, todo = 0.0, children(pid)
-    while todo:
-        c = todo.pop()
-        try:
-            total += own(c)
-            todo += children(c)
-        except FileNotFoundError:
-            continue
-    return own(pid), total
+    return own(pid), sum(own(c) for c in descendants(pid))
 
 
 async def _level(base_url: str, model: str, prompts: list[str], concurrency: int,

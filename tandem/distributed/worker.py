@@ -9,7 +9,6 @@ no `if __name__ == "__main__"` guard.
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import pickle
 import signal
@@ -25,6 +24,7 @@ from torch import nn
 
 from tandem.distributed.launch import Launch, heartbeat_store, join
 from tandem.distributed.parallel_state import SINGLE, TPGroup, building_for
+from tandem.engine.process_guard import die_with_parent
 from tandem.worker.graph_runner import make_runner
 from tandem.worker.kv_cache import allocate_kv_caches, kv_formats
 
@@ -56,14 +56,6 @@ def receive(commands: Any) -> Any:
     return box[0]
 
 
-def _die_with_parent() -> None:
-    """Linux: the kernel kills this process when its parent dies (no orphans after a crash)."""
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-
-
 def _heartbeat(launch: Launch, rank: int, stop: threading.Event) -> None:
     store = heartbeat_store(launch)
     while not stop.is_set():
@@ -72,7 +64,7 @@ def _heartbeat(launch: Launch, rank: int, stop: threading.Event) -> None:
 
 
 def worker_main(rank: int, launch: Launch, config: Any, threads: int) -> None:
-    _die_with_parent()
+    die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the engine, which stops us
     torch.set_num_threads(threads)
     joined = join(rank, launch, config.device)

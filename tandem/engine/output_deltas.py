@@ -76,15 +76,15 @@ class _Sent:
     finished: set[int] = field(default_factory=set)        # completions already sent finished
 
 
-def _completion_delta(sent: _Sent, index: int, text: str, token_ids: Sequence[int],
+def _completion_delta(sent: _Sent, index: int, text: str, token_ids: list[int],
                       cumulative_logprob: Optional[float],
                       logprobs: Optional[Sequence[Optional[dict[int, Logprob]]]],
                       finish_reason: Optional[str], stop_reason: Union[int, str, None],
                       stats: Optional[SpecDecodeRequestStats],
                       from_draft: Callable[[int], list[bool]],
-                      rejected: Sequence[Optional[int]]) -> Optional[CompletionDelta]:
-    """What is new in one completion since `sent` (None: nothing); the sequences are the
-    completion's whole lists, of which only the tail is read."""
+                      rejected: list[Optional[int]]) -> Optional[CompletionDelta]:
+    """What is new in one completion since `sent` (None: nothing); the lists are the
+    completion's whole lists, of which only the tail is read (a slice: one copy of the new)."""
     if index in sent.finished:
         return None  # a finished completion never changes again
     text_start = min(sent.text.get(index, 0), len(text))
@@ -93,13 +93,13 @@ def _completion_delta(sent: _Sent, index: int, text: str, token_ids: Sequence[in
             and finish_reason is None):
         return None  # nothing new for this one
     delta = CompletionDelta(
-        index, text_start, text[text_start:], token_start, list(token_ids[token_start:]),
+        index, text_start, text[text_start:], token_start, token_ids[token_start:],
         cumulative_logprob,
         None if logprobs is None else [_wire_logprobs(e) for e in logprobs[token_start:]],
         finish_reason, stop_reason,
         None if stats is None else (stats.num_spec_steps, stats.num_draft_tokens,
                                     stats.num_accepted_tokens, list(stats.acceptance_histogram)),
-        from_draft(token_start), list(rejected[token_start:]))
+        from_draft(token_start), rejected[token_start:])
     sent.text[index] = len(text)
     sent.tokens[index] = len(token_ids)
     if finish_reason is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -105,3 +106,21 @@ def engine_pid(srv: ServerProcess) -> int:
     found = re.findall(r"engine core process (\d+) started", srv.log())
     assert len(found) == 1, srv.log()
     return int(found[0])
+
+
+def signal_core_mid_stream(srv: ServerProcess, sig: int) -> tuple[dict, str, float, float]:
+    """A long stream (n = 4, 240 tokens each); once it generates, `sig` to the engine core, then
+    the rest of the stream is read. Returns the stream's error event, the rest of the stream, the
+    moment of the signal (time.monotonic) and the seconds from it to the stream's end."""
+    with httpx.stream("POST", srv.url + "/v1/completions", timeout=30, json={
+            "prompt": "Hello", "max_tokens": 240, "n": 4, "ignore_eos": True,
+            "stream": True}) as r:
+        lines = r.iter_lines()
+        assert next(lines).startswith("data: ")  # generating now
+        os.kill(engine_pid(srv), sig)
+        t0 = time.monotonic()
+        rest = "\n".join(lines)
+        answered = time.monotonic() - t0
+    error = json.loads(next(line for line in rest.splitlines()
+                            if line.startswith('data: {"error"'))[6:])["error"]
+    return error, rest, t0, answered

@@ -6,7 +6,6 @@ gone afterwards: test_reliability_defects.py.)"""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import time
 from pathlib import Path
@@ -16,7 +15,8 @@ import httpx
 import pytest
 
 from entrypoints.reliability_helpers import metric, post
-from entrypoints.server_helpers import ServerProcess, engine_pid, start_server, stop_server
+from entrypoints.server_helpers import (ServerProcess, engine_pid, signal_core_mid_stream,
+                                        start_server, stop_server)
 
 PROMPTS = ["Hello, my name is", "The future of AI is", "1 2 3 4"]
 
@@ -74,16 +74,7 @@ def test_a_killed_engine_process_means_503_then_exit_1(tiny_model_dir: Path,
                                                        tmp_path: Path) -> None:
     srv = start_server(str(tiny_model_dir), ["--served-model-name", "tiny"], tmp_path / "log")
     try:
-        with httpx.stream("POST", srv.url + "/v1/completions", timeout=30, json={
-                "prompt": "Hello", "max_tokens": 240, "n": 4, "ignore_eos": True,
-                "stream": True}) as r:
-            lines = r.iter_lines()
-            assert next(lines).startswith("data: ")  # generating now
-            t0 = time.monotonic()
-            os.kill(engine_pid(srv), signal.SIGKILL)
-            rest = "\n".join(lines)
-        error = json.loads(next(line for line in rest.splitlines()
-                                if line.startswith('data: {"error"'))[6:])["error"]
+        error, rest, t0, _ = signal_core_mid_stream(srv, signal.SIGKILL)
         assert error["code"] == 503 and "engine" in error["message"], error
         assert rest.rstrip().endswith("data: [DONE]")
         assert srv.proc.wait(20) == 1

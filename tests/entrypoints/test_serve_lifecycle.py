@@ -5,7 +5,6 @@ by the core."""
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
@@ -17,7 +16,8 @@ import httpx
 import pytest
 
 from entrypoints.reliability_helpers import post
-from entrypoints.server_helpers import engine_pid, serve_command, start_server, stop_server
+from entrypoints.server_helpers import (engine_pid, serve_command, signal_core_mid_stream,
+                                        start_server, stop_server)
 
 
 def _gone(pid: int, within_s: float) -> bool:
@@ -41,17 +41,7 @@ def test_a_stopped_core_means_503_within_the_limit_then_exit_1(tiny_model_dir: P
                        tmp_path / "log")
     core = engine_pid(srv)
     try:
-        with httpx.stream("POST", srv.url + "/v1/completions", timeout=30, json={
-                "prompt": "Hello", "max_tokens": 240, "n": 4, "ignore_eos": True,
-                "stream": True}) as r:
-            lines = r.iter_lines()
-            assert next(lines).startswith("data: ")  # generating now
-            os.kill(core, signal.SIGSTOP)
-            t0 = time.monotonic()
-            rest = "\n".join(lines)
-            answered = time.monotonic() - t0
-        error = json.loads(next(line for line in rest.splitlines()
-                                if line.startswith('data: {"error"'))[6:])["error"]
+        error, _, _, answered = signal_core_mid_stream(srv, signal.SIGSTOP)
         assert error["code"] == 503 and "sent nothing" in error["message"], error
         assert answered < limit + 5, answered
         try:

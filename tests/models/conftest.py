@@ -12,6 +12,8 @@ import pytest
 from tandem.kernels import cpu as cpu_kernels
 from tandem.kernels import cpu_build
 
+from models.kernel_builds import library_for_march
+
 
 @pytest.fixture(scope="session")
 def native_library() -> ctypes.CDLL:
@@ -27,12 +29,7 @@ def avx2_library(native_library) -> ctypes.CDLL:
     flags = cpu_build.cpu_flags()
     if platform.machine() != "x86_64" or not {"avx512f", "avx2", "fma"} <= flags:
         pytest.skip("the native build is already the 8-lane one, or this is not x86")
-    patch = pytest.MonkeyPatch()
-    patch.setenv("TANDEM_CPU_MARCH", "haswell")
-    try:
-        return cpu_build.load_library(cpu_build.build_library())
-    finally:
-        patch.undo()
+    return library_for_march("haswell")
 
 
 @pytest.fixture(scope="session", params=["native", "avx2"])

@@ -13,7 +13,8 @@ import torch
 from gguf import GGMLQuantizationType as Q
 from gguf.quants import dequantize as gguf_dequantize
 
-from tandem.kernels import cpu_build, quant
+from models.kernel_builds import library_for_march
+from tandem.kernels import quant
 from tandem.layers.quantized import PackedQuant, QuantizedWeight, RawQuant
 
 # byte offsets of the float16 scales in each block (the rest of a random block is any bytes)
@@ -277,12 +278,7 @@ def plain_library(native_library):
     """The library as built for x86-64 without AVX2 (its lanes in plain C: quant_r16_c.h)."""
     if platform.machine() != "x86_64":
         pytest.skip("the plain-C build is made here on x86 (Arm's: test_quant_cross_arm.py)")
-    patch = pytest.MonkeyPatch()
-    patch.setenv("TANDEM_CPU_MARCH", "x86-64")
-    try:
-        return cpu_build.load_library(cpu_build.build_library())
-    finally:
-        patch.undo()
+    return library_for_march("x86-64")
 
 
 def test_interleaved_rows_get_the_same_bits_from_every_build(native_library, plain_library,
