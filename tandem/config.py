@@ -54,12 +54,15 @@ class SchedulerConfig:
     max_num_batched_tokens: int
     max_model_len: int
     num_speculative_tokens: int = 0  # k when speculating
-    draft_has_own_blocks: bool = False  # a TLI draft: its positions differ, it has its own blocks
+    # Where a draft keeps its KV: "shared" (a same-vocabulary draft model, in the target's
+    # blocks), "own" (a TLI draft: its positions differ, it has its own blocks), "none" (a
+    # model-free method: no draft KV at all).
+    draft_kv: str = "shared"
 
     @property
     def num_lookahead_tokens(self) -> int:
         """Slots reserved after a request's tokens for the draft's writes into the same blocks."""
-        return 0 if self.draft_has_own_blocks else self.num_speculative_tokens
+        return self.num_speculative_tokens if self.draft_kv == "shared" else 0
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:
@@ -82,7 +85,7 @@ def _check_cache_formats(kv_cache_dtype: str, mc: ModelConfig,
     """Each model's KV cache format resolves against its dtype, and on CUDA is that dtype (the
     CUDA kernels read a cache of the model's own type)."""
     checks = [(kv_cache_dtype, mc.dtype, "kv_cache_dtype")]
-    if spec is not None:
+    if spec is not None and not spec.model_free:
         own = spec.kv_cache_dtype
         checks.append((own or kv_cache_dtype, spec.draft_model_config.dtype,
                        "speculative_config['kv_cache_dtype']" if own else "kv_cache_dtype"))
@@ -170,7 +173,8 @@ class EngineConfig:
             max_num_batched_tokens=(max_num_batched_tokens if max_num_batched_tokens is not None
                                     else max(2048, 256 * (1 + k))),
             max_model_len=model_config.max_model_len, num_speculative_tokens=k,
-            draft_has_own_blocks=bool(spec and spec.uses_vocab_mapping))
+            draft_kv=("shared" if spec is None else "none" if spec.model_free
+                      else "own" if spec.uses_vocab_mapping else "shared"))
         compilation = CompilationConfig.create(compilation_config, cuda_graph_sizes,
                                                sched.max_num_seqs)
         cache = CacheConfig(block_size=block_size, enable_prefix_caching=enable_prefix_caching,

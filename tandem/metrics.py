@@ -99,6 +99,7 @@ def _le(bound: float) -> str:
 def to_prometheus(metrics: list[AnyMetric], model_name: str) -> str:
     """Prometheus text exposition; counters get the conventional `_total` suffix."""
     lines: list[str] = []
+    typed: set[str] = set()  # one TYPE line per family (a family may have several label sets)
     for m in metrics:
         prom = m.name  # colons are legal in Prometheus metric names
         if isinstance(m, Histogram):
@@ -113,7 +114,9 @@ def to_prometheus(metrics: list[AnyMetric], model_name: str) -> str:
             lines.append(f"{prom}_count{{{_labels(model_name, m.labels)}}} {cumulative}")
             continue
         suffix = "_total" if m.kind == "counter" else ""
-        lines.append(f"# TYPE {prom}{suffix} {m.kind}")
+        if prom + suffix not in typed:
+            typed.add(prom + suffix)
+            lines.append(f"# TYPE {prom}{suffix} {m.kind}")
         if isinstance(m, Vector):
             for i, v in enumerate(m.values):
                 lines.append(f"{prom}{suffix}{{{_labels(model_name, {**m.labels, m.label: str(i)})}}}"

@@ -78,8 +78,9 @@ class CompletionOutput:
     finish_reason: Optional[str] = None  # "stop" | "length" | "abort" | "error" | None (running)
     stop_reason: Union[int, str, None] = None  # the stop string or stop token id that matched
     spec_decode_stats: Optional[SpecDecodeRequestStats] = None
-    # per token: "draft" (an accepted draft) or "target" (recovered after a rejection, a bonus
-    # token, or a step without drafts), and the rejected draft's id where there was one
+    # per token: "draft" (an accepted draft of a draft model), "ngram" or "suffix" (an accepted
+    # lookup draft) or "target" (recovered after a rejection, a bonus token, or a step without
+    # drafts), and the rejected draft's id where there was one
     token_origins: list[str] = field(default_factory=list)
     rejected_draft_ids: list[Optional[int]] = field(default_factory=list)
 

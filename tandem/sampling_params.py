@@ -44,6 +44,10 @@ class SamplingParams:
     spaces_between_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     structured_outputs: Optional[StructuredOutputsParams] = None  # (or a dict of its fields)
+    # Speculation for this request alone (tandem's; the switch is named as in vLLM's proposal):
+    # none at all, or at most this many drafts per step (0: none). The engine's k still bounds.
+    disable_spec_decode: bool = False
+    num_speculative_tokens: Optional[int] = None
     # Filled by the engine: EOS plus generation-config stop ids, checked like stop_token_ids but
     # reported with stop_reason None (as vLLM does for EOS).
     _all_stop_token_ids: set[int] = field(default_factory=set, repr=False)
@@ -105,6 +109,13 @@ class SamplingParams:
             value = getattr(self, name)
             if value is not None and not (value == -1 or 0 <= value <= _INT64_MAX):
                 raise ValueError(f"{name} must be non-negative or -1, got {value}.")
+        if not isinstance(self.disable_spec_decode, bool):
+            raise ValueError(f"disable_spec_decode must be true or false, got "
+                             f"{self.disable_spec_decode!r}.")
+        k = self.num_speculative_tokens
+        if k is not None and (not isinstance(k, int) or isinstance(k, bool) or not 0 <= k <= 128):
+            raise ValueError(f"num_speculative_tokens must be an integer from 0 (no drafts) to "
+                             f"128, got {k!r}.")
         if any(not s for s in self.stop):
             raise ValueError("stop cannot contain an empty string.")
         if any(not isinstance(t, int) or not 0 <= t <= _INT64_MAX for t in self.stop_token_ids):

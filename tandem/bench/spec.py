@@ -32,6 +32,7 @@ from typing import Any
 from tandem.bench.common import (add_prompt_args, add_weight_args, load_prompts, make_llm,
                                   memory_line, positive_int, pyplot, write_json)
 from tandem.bench.latency import run_one
+from tandem.spec_decode.model_free_config import MODEL_FREE_METHODS, infer_method
 
 
 def _counters(llm: Any) -> tuple[int, int, list[int]]:
@@ -62,8 +63,10 @@ def _decode_rate(llm: Any, prompts: list[str], params: Any
 def main(args: argparse.Namespace) -> dict[str, Any]:
     from tandem import SamplingParams
     spec = json.loads(args.speculative_config)
-    if not isinstance(spec, dict) or "model" not in spec:
-        raise SystemExit("tandem bench spec needs --speculative-config with a draft 'model'")
+    model_free = isinstance(spec, dict) and infer_method(spec) in MODEL_FREE_METHODS
+    if not isinstance(spec, dict) or ("model" not in spec and not model_free):
+        raise SystemExit("tandem bench spec needs --speculative-config with a draft 'model', or "
+                         f"a method of {list(MODEL_FREE_METHODS)}")
     if "adaptive" in spec or "num_speculative_tokens" in spec:
         raise SystemExit("tandem bench spec varies num_speculative_tokens (--k) and adaptive "
                          "(--adaptive) itself; leave them out of --speculative-config")
@@ -111,9 +114,11 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
         rounds.append([policy(k, a) for k, a in variants])
         plain.append((before + policy(0)[0]) / 2)
         target_alone.append(alone(args.model))
-        draft_alone.append(alone(spec["model"]))
+        if not model_free:  # a lookup's cost is no model's: c = 0
+            draft_alone.append(alone(spec["model"]))
     target_rate = statistics.median(plain)
-    c = statistics.median(t / d for t, d in zip(target_alone, draft_alone))
+    c = (statistics.median(t / d for t, d in zip(target_alone, draft_alone))
+         if draft_alone else 0.0)
     runs = []
     for i, (k, adaptive) in enumerate(variants):
         ratios = [r[i][0] / p for p, r in zip(plain, rounds)]
@@ -133,12 +138,14 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
     print(f"plain decoding: {target_rate:.1f} tok/s on the speculative engine with drafting off, "
           f"{statistics.median(target_alone):.1f} tok/s on an engine of the target alone")
     print(memory_line())
-    result = {"benchmark": "spec", "model": args.model, "draft": spec["model"],
+    drafter = spec["model"] if not model_free else infer_method(spec)
+    result = {"benchmark": "spec", "model": args.model, "draft": drafter,
               "speculative_config": spec, "num_prompts": len(prompts),
               "max_tokens": args.max_tokens, "temperature": args.temperature,
               "rounds": args.rounds, "target_tokens_per_s": target_rate,
               "target_alone_tokens_per_s": statistics.median(target_alone),
-              "draft_tokens_per_s": statistics.median(draft_alone), "cost_ratio_c": c,
+              "draft_tokens_per_s": statistics.median(draft_alone) if draft_alone else None,
+              "cost_ratio_c": c,
               "runs": runs}
     if args.plot:
         _plot(result, args.plot)
@@ -184,7 +191,8 @@ def add_parser(sub: Any) -> None:
                                     "speedup over a range of k")
     p.add_argument("--model", required=True, help="the target model")
     p.add_argument("--speculative-config", "-sc", required=True,
-                   help="JSON with the draft 'model' (and any other keys); k is varied")
+                   help="JSON with the draft 'model', or a model-free 'method' (ngram, "
+                        "suffix), and any other keys; k is varied")
     p.add_argument("--k", type=int, nargs="+", default=[1, 2, 3, 4, 5])
     p.add_argument("--adaptive", action="store_true", help="also run adaptive speculation")
     p.add_argument("--rounds", type=positive_int, default=1,

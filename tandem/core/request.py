@@ -78,12 +78,14 @@ class Request:
     awaiting_drafts: bool = False  # should verify drafts next, but the draft could not make them
     steps_awaiting: int = 0        # steps sat out waiting for them
     draft_probs: Optional[torch.Tensor] = None                # [k, V] q of each draft, or None
+    draft_method: str = "draft_model"  # what proposed spec_token_ids: draft_model, ngram, suffix
     draft: DraftState = field(default_factory=DraftState)
     spec_stats: Optional[SpecDecodeRequestStats] = None
     grammar: Optional[Any] = None     # a GrammarMatcher (structured outputs), or None
-    # per output token: did an accepted draft give it, and the draft it replaced (a rejected
-    # guess) if any (engine/spec_tracking.py)
-    token_from_draft: list[bool] = field(default_factory=list)
+    # per output token: its origin ("target", or the proposer of an accepted draft: "draft",
+    # "ngram", "suffix"), and the draft it replaced (a rejected guess) if any
+    # (engine/spec_tracking.py)
+    token_origins: list[str] = field(default_factory=list)
     rejected_drafts: list[Optional[int]] = field(default_factory=list)
     logprobs: list[dict[int, Logprob]] = field(default_factory=list)
     prompt_logprobs: list[Optional[dict[int, Logprob]]] = field(default_factory=list)
@@ -113,6 +115,22 @@ class Request:
     @property
     def finish_reason(self) -> Optional[str]:
         return self.status.value if self.status.finished else None
+
+    def drafts_allowed(self, k: int, max_model_len: int) -> int:
+        """Drafts worth proposing (at most k, and at most the request's own cap): none in
+        prefill, past max_tokens or max_model_len, under min_tokens, or where the request
+        turned speculation off."""
+        p = self.params
+        if p.disable_spec_decode:
+            return 0
+        if p.num_speculative_tokens is not None:
+            k = min(k, p.num_speculative_tokens)  # the request's own cap
+        if not self.num_computed_tokens >= self.num_tokens - 1:
+            return 0  # still in prefill
+        if p.min_tokens and len(self.output_token_ids) < p.min_tokens:
+            return 0  # stop tokens are masked token by token; drafts would bypass that
+        left = (p.max_tokens - len(self.output_token_ids)) if p.max_tokens is not None else k
+        return max(0, min(k, left - 1, max_model_len - self.num_tokens))
 
     def append_token(self, token_id: int) -> None:
         self.output_token_ids.append(token_id)

@@ -30,6 +30,9 @@ class Scheduler:
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
         self.num_preemptions = 0
+        # Told of every request that ends, however (a model-free proposer drops its index, and
+        # suffix decoding keeps the output for later requests).
+        self.on_finish: Optional[Callable[[Request], None]] = None
 
     # -- queue management -------------------------------------------------------------------
     def add_request(self, req: Request) -> None:
@@ -48,6 +51,8 @@ class Scheduler:
             self.waiting.remove(req)
         self.kv.free(req)
         self.requests.pop(req.request_id, None)
+        if self.on_finish is not None:
+            self.on_finish(req)
 
     def _preempt(self, req: Request) -> None:
         """Free the request's blocks; it recomputes later. Its pending drafts are kept, so the
@@ -119,7 +124,7 @@ class Scheduler:
             self.waiting.popleft()
             req.num_computed_tokens = num_hit
             req.num_cached_tokens = max(req.num_cached_tokens, num_hit)
-            if not self.config.draft_has_own_blocks:
+            if self.config.draft_kv == "shared":
                 req.draft.num_computed_tokens = num_hit  # the draft's KV is in the hit blocks
             req.status = RequestStatus.RUNNING
             self.running.append(req)
@@ -185,6 +190,6 @@ class Scheduler:
 
     def cacheable_tokens(self, req: Request) -> int:
         """Tokens whose KV is final in every model that reads the blocks."""
-        if self.config.num_speculative_tokens and not self.config.draft_has_own_blocks:
+        if self.config.num_speculative_tokens and self.config.draft_kv == "shared":
             return min(req.num_computed_tokens, req.draft.num_computed_tokens)
         return req.num_computed_tokens

@@ -42,7 +42,7 @@ def load_models(config: Any, group: TPGroup) -> dict[str, Optional[nn.Module]]:
             "target": load_model(config.model_config, config.device)}
     spec = config.speculative_config
     models["draft"] = None
-    if spec is not None:
+    if spec is not None and not spec.model_free:
         draft_group = group if (spec.draft_tensor_parallel_size or 1) > 1 else SINGLE
         if draft_group.size > 1 or group.rank == 0:
             with building_for(draft_group):

@@ -42,6 +42,7 @@ _REQUEST_ID = "tandem-calibration"
 class Engine(Protocol):
     """What calibration uses of an LLMEngine (which calls it, so it is named by its shape)."""
     drafting: Optional[Drafting]
+    proposer: Any
     tokenizer: Any
     model_config: Any
 
@@ -65,6 +66,13 @@ def calibrate(engine: Engine) -> None:
     params = SamplingParams(temperature=0.0, seed=0, ignore_eos=True,
                             max_tokens=max(1, min(room, (_CYCLES + 1) * per_cycle + 1)))
     t0 = time.perf_counter()
+    # A model-free proposer finds little in a sample text: padded to k, its drafts time every
+    # verify size, but say nothing of its acceptance, which then starts from the priors.
+    padded = hasattr(engine.proposer, "fill")
+    if padded:
+        engine.proposer.fill = True
+    if hasattr(engine.proposer, "learn"):  # the sample text's output is no request's to learn
+        engine.proposer.learn = False
     drafting.adaptive = AdaptiveK(k_max)               # the warm-up's timings are discarded
     drafting.forced.extend(cycle)
     engine.add_request(_REQUEST_ID, ids, params)
@@ -79,8 +87,15 @@ def calibrate(engine: Engine) -> None:
             drafting.forced.extend(cycle * _CYCLES)
         engine.step()
     engine.abort_request(_REQUEST_ID)                  # frees its blocks
+    if hasattr(engine.proposer, "learn"):
+        engine.proposer.learn = True
     drafting.forced.clear()
     controller = drafting.adaptive
+    if padded:
+        engine.proposer.fill = False
+        controller.hits, controller.misses = [0.0] * k_max, [0.0] * k_max
+        # Padding covered every position: a lookup's coverage starts from its prior too.
+        controller.covered, controller.offered = [0.0] * k_max, [0.0] * k_max
     drafting.calibration = controller
     drafting.adaptive = drafting.fresh_controller(drafting.k)
     engine.reset_stats()

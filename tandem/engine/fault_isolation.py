@@ -16,7 +16,7 @@ from typing import Callable
 from tandem.core.request import Request
 from tandem.core.sched_output import SchedulerOutput
 from tandem.distributed.errors import WorkerDiedError
-from tandem.spec_decode.proposer import DraftProposer
+from tandem.spec_decode.model_free import Proposer
 from tandem.worker.model_runner import ModelRunner, RunnerOutput
 
 Fail = Callable[[Request, BaseException], None]
@@ -48,7 +48,7 @@ def execute_isolated(runner: ModelRunner, sched: SchedulerOutput, fail: Fail) ->
     return merged
 
 
-def propose_isolated(proposer: DraftProposer, reqs: list[Request], fail: Fail) -> int:
+def propose_isolated(proposer: Proposer, reqs: list[Request], fail: Fail) -> int:
     """Draft for `reqs`; returns the draft positions computed."""
     try:
         return proposer.propose(reqs)

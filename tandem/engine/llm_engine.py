@@ -41,7 +41,8 @@ from tandem.sample.random import SeededRandom
 from tandem.sampling_params import SamplingParams
 from tandem.spec_decode.metrics import SpecDecodeMetrics
 from tandem.spec_decode.factory import build_proposer, build_samplers
-from tandem.spec_decode.proposer import DraftProposer
+from tandem.spec_decode.combined import CombinedProposer
+from tandem.spec_decode.model_free import Proposer, build_model_free_proposer
 from tandem.spec_decode.schedule import BatchSizeSchedule
 from tandem.worker.kv_cache import check_format, determine_num_blocks, kv_formats
 from tandem.worker.model_runner import ModelRunner, RunnerOutput
@@ -66,7 +67,8 @@ class LLMEngine:
         self.model = self.executor.models["target"]
         self.draft_model = self.executor.models["draft"]
         logger.info("Loaded %s (%s%s) in %.1f s", mc.model, mc.architecture,
-                    f", drafter {spec.model}" if spec else "", time.perf_counter() - t0)
+                    f", drafter {spec.model or spec.method}" if spec else "",
+                    time.perf_counter() - t0)
         formats = kv_formats(config)
         models = [(m, formats[w]) for w, m in (("target", self.model), ("draft", self.draft_model))
                   if m is not None]
@@ -80,10 +82,17 @@ class LLMEngine:
         self.scheduler = Scheduler(sched, self.kv)
         self.runner = ModelRunner(self.executor.forward("target"), self.device, mc.vocab_size,
                                   self.tokenizer, *build_samplers(spec, mc.seed))
-        self.proposer: Optional[DraftProposer] = None
-        if spec is not None:
+        self.proposer: Optional[Proposer] = None
+        if spec is not None and spec.model_free:
+            self.proposer = build_model_free_proposer(spec, spec.draft_max_model_len)
+        elif spec is not None:
             self.proposer = build_proposer(config, self.executor.forward("draft"), self.kv,
                                            self.device)
+            if spec.lookup_method is not None:  # a lookup's matches first, the draft elsewhere
+                self.proposer = CombinedProposer(
+                    build_model_free_proposer(spec, mc.max_model_len), self.proposer)
+        if hasattr(self.proposer, "finished"):  # a lookup drops (or keeps) what it knew
+            self.scheduler.on_finish = self.proposer.finished
         self.drafting = (Drafting(self.proposer, spec.adaptive, self._fail,
                                   BatchSizeSchedule(spec.num_speculative_tokens_per_batch_size,
                                                     spec.num_speculative_tokens)

@@ -39,7 +39,7 @@ class CompletionDelta:
     finish_reason: Optional[str]
     stop_reason: Union[int, str, None]
     spec_stats: Optional[tuple[int, int, int, list[int]]]
-    from_draft: list[bool]     # token origins: True for an accepted draft
+    origins: list[str]         # token origins: "target", "draft", "ngram" or "suffix"
     rejected_draft_ids: list[Optional[int]]
 
 
@@ -81,7 +81,7 @@ def _completion_delta(sent: _Sent, index: int, text: str, token_ids: list[int],
                       logprobs: Optional[Sequence[Optional[dict[int, Logprob]]]],
                       finish_reason: Optional[str], stop_reason: Union[int, str, None],
                       stats: Optional[SpecDecodeRequestStats],
-                      from_draft: Callable[[int], list[bool]],
+                      origins: Callable[[int], list[str]],
                       rejected: list[Optional[int]]) -> Optional[CompletionDelta]:
     """What is new in one completion since `sent` (None: nothing); the lists are the
     completion's whole lists, of which only the tail is read (a slice: one copy of the new)."""
@@ -99,7 +99,7 @@ def _completion_delta(sent: _Sent, index: int, text: str, token_ids: list[int],
         finish_reason, stop_reason,
         None if stats is None else (stats.num_spec_steps, stats.num_draft_tokens,
                                     stats.num_accepted_tokens, list(stats.acceptance_histogram)),
-        from_draft(token_start), rejected[token_start:])
+        origins(token_start), rejected[token_start:])
     sent.text[index] = len(text)
     sent.tokens[index] = len(token_ids)
     if finish_reason is not None:
@@ -122,7 +122,7 @@ class DeltaEncoder:
             c = _completion_delta(
                 sent, o.index, o.text, o.token_ids, o.cumulative_logprob, o.logprobs,
                 o.finish_reason, o.stop_reason, o.spec_decode_stats,
-                lambda start, origins=origins: [x == "draft" for x in origins[start:]],
+                lambda start, origins=origins: origins[start:],
                 o.rejected_draft_ids)
             if c is not None:
                 completions.append(c)
@@ -136,7 +136,7 @@ class DeltaEncoder:
         completions = []
         for child in group.children:
             want_lp = child.params.logprobs is not None
-            flags = child.token_from_draft
+            flags = child.token_origins
             c = _completion_delta(
                 sent, child.index,
                 group.detoks[child.request_id].visible_text(child.status.finished),
@@ -175,7 +175,6 @@ class DeltaEncoder:
         return len(self._sent)
 
 
-_ORIGIN = {True: "draft", False: "target"}
 
 
 @dataclass
@@ -188,7 +187,7 @@ class _Completion:
     finish_reason: Optional[str] = None
     stop_reason: Union[int, str, None] = None
     spec_stats: Optional[tuple[int, int, int, list[int]]] = None
-    origins: list[str] = field(default_factory=list)  # "draft" / "target", as outputs give them
+    origins: list[str] = field(default_factory=list)  # as outputs give them
     rejected: list[Optional[int]] = field(default_factory=list)
 
     def apply(self, d: CompletionDelta) -> None:
@@ -202,7 +201,7 @@ class _Completion:
         self.finish_reason, self.stop_reason = d.finish_reason, d.stop_reason
         self.spec_stats = d.spec_stats
         del self.origins[d.token_start:]
-        self.origins += [_ORIGIN[f] for f in d.from_draft]  # once per token, not per snapshot
+        self.origins += d.origins  # once per token, not per snapshot
         del self.rejected[d.token_start:]
         self.rejected += d.rejected_draft_ids
 

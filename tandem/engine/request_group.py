@@ -63,7 +63,7 @@ class RequestGroup:
                 logprobs=list(c.logprobs) if want_lp else None,
                 finish_reason=c.finish_reason, stop_reason=c.stop_reason,
                 spec_decode_stats=copy.deepcopy(c.spec_stats),
-                token_origins=["draft" if d else "target" for d in c.token_from_draft],
+                token_origins=list(c.token_origins),
                 rejected_draft_ids=list(c.rejected_drafts)))
         first = self.children[0] if self.children else None
         want_plp = first is not None and first.params.prompt_logprobs is not None

@@ -2,7 +2,8 @@
 the origin of every token a sequence receives.
 
 A verify step of a request with k drafts yields accepted + 1 tokens: the first `accepted` are
-drafts the target accepted (origin "draft"); the last is the target's own, either a recovered
+drafts the target accepted (origin "draft" for a draft model's, "ngram" or "suffix" for a
+lookup's); the last is the target's own, either a recovered
 token sampled after rejecting draft `accepted` (whose id is kept as the rejected guess) or, when
 all k were accepted, the bonus token. A step without drafts yields one "target" token.
 """
@@ -17,13 +18,19 @@ from tandem.spec_decode.metrics import SpecDecodeMetrics
 from tandem.worker.model_runner import RunnerOutput
 
 
+# A token's origin by what proposed it: "draft" for a draft model's (the name the API has
+# always given it), the method's name for a lookup's.
+ORIGINS = {"draft_model": "draft", "ngram": "ngram", "suffix": "suffix"}
+
+
 class SpecTracker:
     def __init__(self, metrics: Optional[SpecDecodeMetrics], k: int,
                  on_verified: Optional[Callable[[int, int], None]] = None) -> None:
         self.metrics = metrics
         self.k = k
         self.on_verified = on_verified  # (drafted, accepted) of each verify: adaptive k
-        self._drafts: dict[str, list[int]] = {}  # this step's verified drafts, by request id
+        # this step's verified drafts and the origin of accepted ones, by request id
+        self._drafts: dict[str, tuple[list[int], str]] = {}
 
     def record_step(self, sched: SchedulerOutput, result: RunnerOutput) -> None:
         """Before the step's tokens are appended: count drafts and acceptances."""
@@ -31,10 +38,12 @@ class SpecTracker:
         for s in sched.scheduled:
             rid = s.request.request_id
             if s.spec_token_ids and rid in result.sampled:
-                self._drafts[rid] = s.spec_token_ids  # read only, before the next step
+                self._drafts[rid] = (s.spec_token_ids,  # read only, before the next step
+                                     ORIGINS.get(s.request.draft_method, "draft"))
                 accepted = len(result.sampled[rid]) - 1
                 if self.metrics is not None:
-                    self.metrics.observe(len(s.spec_token_ids), accepted)
+                    self.metrics.observe(len(s.spec_token_ids), accepted,
+                                         s.request.draft_method)
                 if self.on_verified is not None:
                     self.on_verified(len(s.spec_token_ids), accepted)
                 if s.request.spec_stats is not None:
@@ -42,9 +51,8 @@ class SpecTracker:
 
     def on_token(self, req: Request, j: int, result: RunnerOutput) -> None:
         """The j-th token of this step for `req` was appended: note where it came from."""
-        drafts = self._drafts.get(req.request_id)
+        drafts, origin = self._drafts.get(req.request_id, (None, "target"))
         last = len(result.sampled[req.request_id]) - 1
-        from_draft = drafts is not None and j < last
-        req.token_from_draft.append(from_draft)
+        req.token_origins.append(origin if drafts is not None and j < last else "target")
         req.rejected_drafts.append(drafts[j] if drafts is not None and j == last < len(drafts)
                                    else None)

@@ -130,6 +130,11 @@ class AdaptiveK:
         # Faded counts of acceptances and rejections of each position (given the ones before).
         self.hits = [0.0] * k_max
         self.misses = [0.0] * k_max
+        # A lookup (model-free drafting) proposes only where the text repeats: faded counts of
+        # the sequences that got a draft at each position, out of those that could have. None
+        # for a draft model, which drafts every position asked for.
+        self.covered: Optional[list[float]] = None
+        self.offered = [0.0] * k_max
         self.target = _CostCurve()  # seconds per decode/verify forward vs tokens in it
         self.draft = _CostCurve()   # seconds per draft pass vs batch size
         self.steps = 0
@@ -140,6 +145,9 @@ class AdaptiveK:
         on, past its warm-up: what a calibrated controller starts from."""
         self.k_max = k
         self.hits, self.misses = self.hits[:k], self.misses[:k]
+        self.offered = self.offered[:k]
+        if self.covered is not None:
+            self.covered = self.covered[:k]
         self.steps = max(self.steps, self.warmup_steps)
         self.last_k = min(self.last_k, k)
         return self
@@ -154,6 +162,30 @@ class AdaptiveK:
             hit = i < num_accepted
             self.hits[i] = d * self.hits[i] + hit
             self.misses[i] = d * self.misses[i] + (not hit)
+
+    def observe_proposals(self, k: int, lengths: list[int]) -> None:
+        """A lookup's step: it was asked for up to k drafts per sequence and proposed
+        `lengths`."""
+        if self.covered is None:
+            self.covered = [0.0] * self.k_max
+        d = self.decay
+        for i in range(min(k, self.k_max)):
+            got = sum(1 for n in lengths if n > i)
+            self.covered[i] = d * self.covered[i] + got
+            self.offered[i] = d * self.offered[i] + len(lengths)
+
+    @property
+    def lookup(self) -> bool:
+        """Drafts come from a lookup: their cost is next to nothing, and no price of k."""
+        return self.covered is not None
+
+    def coverage(self) -> list[float]:
+        """P(a sequence gets a draft at position i | asked for it): 1 for a draft model; for a
+        lookup its faded share, from a prior of one in two (like acceptance's)."""
+        if self.covered is None:
+            return [1.0] * self.k_max
+        return [(c + self.prior_weight * 0.5) / (o + self.prior_weight)
+                for c, o in zip(self.covered, self.offered)]
 
     def observe_target(self, num_tokens: int, seconds: float) -> None:
         """A decode/verify step's forward pass (no prefill in it) over `num_tokens` tokens."""
@@ -180,19 +212,27 @@ class AdaptiveK:
         """Posterior mean acceptance of each position, given the ones before."""
         return [a / (a + b) for a, b in self._posteriors()]
 
-    def expected_tokens(self, k: int, rates: Optional[list[float]] = None) -> float:
+    def expected_tokens(self, k: int, rates: Optional[list[float]] = None,
+                        coverage: Optional[list[float]] = None) -> float:
+        """Tokens per sequence and step with k drafts asked for: position i is drafted with
+        probability coverage[i] (1 for a draft model) and accepted given the ones before."""
         total, p = 1.0, 1.0
-        for r in (self.rates if rates is None else rates)[:k]:
+        cover = coverage or [1.0] * self.k_max
+        for r, c in zip((self.rates if rates is None else rates)[:k], cover):
             p *= r
-            total += p
+            total += c * p
         return total
 
     def costs(self, batch_size: int) -> list[float]:
-        """C(k) for k = 0..K at this batch size: one target line and one draft cost for all."""
+        """C(k) for k = 0..K at this batch size: one target line and one draft cost for all.
+        A lookup's verify pass holds only the drafts it found: B (1 + sum of coverage) tokens."""
         line = self.target.fit(batch_size, batch_size * (self.k_max + 1))
-        draft = self.draft(batch_size)
-        return [self.target.at(batch_size * (k + 1), line) + k * draft
-                for k in range(self.k_max + 1)]
+        draft = 0.0 if self.lookup else self.draft(batch_size)
+        sizes, size = [batch_size], float(batch_size)
+        for c in self.coverage():
+            size += batch_size * c
+            sizes.append(max(batch_size, round(size)))
+        return [self.target.at(n, line) + k * draft for k, n in enumerate(sizes)]
 
     # ---- the choice ------------------------------------------------------------------------
 
@@ -201,7 +241,8 @@ class AdaptiveK:
         self.steps += 1
         if batch_size <= 0:
             return self.last_k
-        if self.steps <= self.warmup_steps or not (self.target.ready and self.draft.ready):
+        if self.steps <= self.warmup_steps or not (self.target.ready
+                                                   and (self.lookup or self.draft.ready)):
             self.last_k = self.k_max  # measure everything first
             return self.last_k
         f = self.forget
@@ -209,6 +250,7 @@ class AdaptiveK:
         self.misses = [f * m for m in self.misses]
         drawn = [self.rng.betavariate(a, b) for a, b in self._posteriors()]
         costs = self.costs(batch_size)
+        cover = self.coverage()
         self.last_k = max(range(self.k_max + 1),
-                          key=lambda k: self.expected_tokens(k, drawn) / costs[k])
+                          key=lambda k: self.expected_tokens(k, drawn, cover) / costs[k])
         return self.last_k

@@ -1,4 +1,6 @@
-"""SpeculativeConfig: vLLM's `speculative_config` keys, defaults and checks (draft_model method).
+"""SpeculativeConfig: vLLM's `speculative_config` keys, defaults and checks: a draft model
+(`"draft_model"`), or a model-free method (`"ngram"`, `"suffix"`; their keys in
+`model_free_config.py`).
 
 Messages follow vLLM's wording where vLLM has one, so errors read the same after a switch.
 """
@@ -15,11 +17,13 @@ from tandem.model_config import ModelConfig
 from tandem.attention.kv_format import check_kv_cache_dtype
 from tandem.quantization import resolve_quantization
 from tandem.sample.synthetic_sampler import rates_for_length
+from tandem.spec_decode import model_free_config
+from tandem.spec_decode.model_free_config import MODEL_FREE_METHODS
 
 if TYPE_CHECKING:
     import torch
 
-SUPPORTED_METHODS = ("draft_model",)
+SUPPORTED_METHODS = ("draft_model", "ngram", "suffix")
 # vLLM's other methods: recognised so the error can say "not supported" rather than "unknown".
 VLLM_METHODS = ("ngram", "medusa", "mlp_speculator", "draft_model", "suffix", "custom_class", "eagle",
                 "eagle3", "extract_hidden_states", "mtp", "dflash", "ngram_gpu", "dspark")
@@ -66,6 +70,17 @@ class SpeculativeConfig:
     # vLLM's dynamic speculative decoding: [[start, end, k], ...] inclusive batch-size ranges;
     # k is capped to the range's value at that many running requests (schedule.py).
     num_speculative_tokens_per_batch_size: Optional[list] = None
+    # method "ngram" (vLLM's keys): the longest match of the last prompt_lookup_max ..
+    # prompt_lookup_min tokens proposes what followed it (spec_decode/ngram.py)
+    prompt_lookup_min: Optional[int] = None
+    prompt_lookup_max: Optional[int] = None
+    # method "suffix" (vLLM's keys; defaults 24, 10000, 1.0, 0.1 under that method only)
+    suffix_decoding_max_tree_depth: Optional[int] = None
+    suffix_decoding_max_cached_requests: Optional[int] = None
+    suffix_decoding_max_spec_factor: Optional[float] = None
+    suffix_decoding_min_token_prob: Optional[float] = None
+    # tandem's: "ngram" or "suffix" beside the draft model (model_free_config.py)
+    lookup_method: Optional[str] = None
     # vLLM's keys with nothing to act on here (no CUDA graphs; no remote model code): accepted
     # and logged.
     enforce_eager: Optional[bool] = None
@@ -76,9 +91,15 @@ class SpeculativeConfig:
     uses_vocab_mapping: bool = False
 
     @property
+    def model_free(self) -> bool:
+        """Drafts come from the request's own tokens (ngram, suffix), not from a draft model."""
+        return self.method in MODEL_FREE_METHODS
+
+    @property
     def draft_max_model_len(self) -> int:
         """Longest context the draft drafts at, in its own positions (vLLM: drafting stops past
-        speculative max_model_len, by default the smaller of the two models' lengths)."""
+        speculative max_model_len, by default the smaller of the two models' lengths; a
+        model-free method's is the target's unless given)."""
         if self.max_model_len is not None:
             return self.max_model_len
         return self.draft_model_config.max_model_len
@@ -101,8 +122,11 @@ class SpeculativeConfig:
             raise ValueError(f"Unknown key(s) {unknown} in speculative_config; supported keys: "
                              f"{allowed}.")
         _check_types(raw)
+        raw = model_free_config.resolve(raw)
         cfg = SpeculativeConfig(**raw)
         cfg._verify(parallel)
+        if cfg.model_free:
+            return cfg._without_draft(target)
         return cfg._with_draft(target, device)
 
     def _verify(self, parallel: ParallelConfig) -> None:
@@ -120,11 +144,31 @@ class SpeculativeConfig:
                     else "is unknown")
             raise ValueError(f"Unsupported speculative method: '{method}' {what}; supported "
                              f"methods: {list(SUPPORTED_METHODS)}.")
+        if self.model_free:
+            self._verify_common()
+            return
         if self.model is None:
             raise ValueError("speculative_config['model'] is required for method='draft_model'.")
         if not isinstance(self.model, str) or not self.model:
             raise ValueError(f"speculative_config['model'] must be a non-empty string, got "
                              f"{self.model!r}.")
+        self._verify_common()
+        tp = self.draft_tensor_parallel_size
+        if tp is not None and tp not in (1, parallel.tensor_parallel_size):
+            raise ValueError(f"speculative_draft_tensor_parallel_size={tp} cannot be other value "
+                             "than 1 or target model tensor_parallel_size")
+        self._log_no_effect()
+        if not isinstance(self.use_heterogeneous_vocab, bool):
+            raise ValueError("use_heterogeneous_vocab must be true or false, got "
+                             f"{self.use_heterogeneous_vocab!r}.")
+        if self.heterogeneous_vocab_feedback not in FEEDBACK_MODES:
+            raise ValueError("heterogeneous_vocab_feedback must be one of "
+                             f"{list(FEEDBACK_MODES)}, got {self.heterogeneous_vocab_feedback!r}.")
+        if self.kv_cache_dtype is not None:
+            check_kv_cache_dtype(self.kv_cache_dtype, "speculative_config['kv_cache_dtype']")
+
+    def _verify_common(self) -> None:
+        """The checks every method shares: k, sampling methods, schedule, adaptive, length."""
         k = self.num_speculative_tokens
         if k is None:
             raise ValueError("A speculative model was provided, but `num_speculative_tokens` was "
@@ -133,10 +177,6 @@ class SpeculativeConfig:
             raise ValueError(f"Expected num_speculative_tokens to be greater than zero ({k}).")
         if k > MAX_SPEC_LEN:
             raise ValueError(f"num_speculative_tokens must be at most {MAX_SPEC_LEN}, got {k}.")
-        tp = self.draft_tensor_parallel_size
-        if tp is not None and tp not in (1, parallel.tensor_parallel_size):
-            raise ValueError(f"speculative_draft_tensor_parallel_size={tp} cannot be other value "
-                             "than 1 or target model tensor_parallel_size")
         if self.draft_sample_method not in DRAFT_SAMPLE_METHODS:
             raise ValueError(f"draft_sample_method must be one of {list(DRAFT_SAMPLE_METHODS)}, "
                              f"got {self.draft_sample_method!r}.")
@@ -144,21 +184,12 @@ class SpeculativeConfig:
         if self.num_speculative_tokens_per_batch_size is not None:
             from tandem.spec_decode.schedule import validate_schedule
             validate_schedule(self.num_speculative_tokens_per_batch_size, k)
-        self._log_no_effect()
         if not isinstance(self.adaptive, bool):
             raise ValueError(f"adaptive must be true or false, got {self.adaptive!r}.")
-        if not isinstance(self.use_heterogeneous_vocab, bool):
-            raise ValueError("use_heterogeneous_vocab must be true or false, got "
-                             f"{self.use_heterogeneous_vocab!r}.")
-        if self.heterogeneous_vocab_feedback not in FEEDBACK_MODES:
-            raise ValueError("heterogeneous_vocab_feedback must be one of "
-                             f"{list(FEEDBACK_MODES)}, got {self.heterogeneous_vocab_feedback!r}.")
         if self.max_model_len is not None and (not isinstance(self.max_model_len, int)
                                                or self.max_model_len < 1):
             raise ValueError("speculative_config['max_model_len'] must be a positive integer, got "
                              f"{self.max_model_len!r}.")
-        if self.kv_cache_dtype is not None:
-            check_kv_cache_dtype(self.kv_cache_dtype, "speculative_config['kv_cache_dtype']")
 
     def _log_no_effect(self) -> None:
         if self.enforce_eager is not None:
@@ -216,6 +247,13 @@ class SpeculativeConfig:
             return [float(r) for r in self.synthetic_acceptance_rates]
         return rates_for_length(float(self.synthetic_acceptance_length),
                                 self.num_speculative_tokens)
+
+    def _without_draft(self, target: ModelConfig) -> SpeculativeConfig:
+        """A model-free method drafts in the target's own positions, up to its length."""
+        if self.max_model_len is not None and self.max_model_len > target.max_model_len:
+            raise ValueError(f"speculative_max_model_len={self.max_model_len} cannot be "
+                             f"larger than target_max_model_len={target.max_model_len}")
+        return replace(self, max_model_len=self.max_model_len or target.max_model_len)
 
     def _with_draft(self, target: ModelConfig, device: torch.device) -> SpeculativeConfig:
         # The draft inherits dtype and seed from the target (as in vLLM).

@@ -17,11 +17,18 @@ class SpecDecodeMetrics:
         self.num_draft_tokens = 0
         self.num_accepted_tokens = 0
         self.accepted_per_pos = [0] * k
+        # per proposer (draft_model, ngram, suffix): [verify steps, drafts, accepted drafts]
+        self.by_method: dict[str, list[int]] = {}
         self.log_interval_s = log_interval_s
         self._last_log = time.monotonic()
         self._logged = (0, 0, 0)
 
-    def observe(self, num_draft_tokens: int, num_accepted: int) -> None:
+    def observe(self, num_draft_tokens: int, num_accepted: int,
+                method: str = "draft_model") -> None:
+        counts = self.by_method.setdefault(method, [0, 0, 0])
+        counts[0] += 1
+        counts[1] += num_draft_tokens
+        counts[2] += num_accepted
         self.num_drafts += 1
         self.num_draft_tokens += num_draft_tokens
         self.num_accepted_tokens += num_accepted
@@ -33,7 +40,10 @@ class SpecDecodeMetrics:
                 Metric(PREFIX + "spec_decode_num_draft_tokens", self.num_draft_tokens),
                 Metric(PREFIX + "spec_decode_num_accepted_tokens", self.num_accepted_tokens),
                 Vector(PREFIX + "spec_decode_num_accepted_tokens_per_pos",
-                       list(self.accepted_per_pos))]
+                       list(self.accepted_per_pos))] + [
+            Metric(PREFIX + f"spec_decode_{name}_by_method", counts[i], {"method": method})
+            for i, name in enumerate(("num_drafts", "num_draft_tokens", "num_accepted_tokens"))
+            for method, counts in sorted(self.by_method.items())]
 
     def summary(self) -> str:
         drafts = max(self.num_drafts, 1)

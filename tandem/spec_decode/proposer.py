@@ -35,13 +35,7 @@ class DraftProposer:
 
     def num_drafts(self, req: Request) -> int:
         """Drafts worth proposing: none past max_tokens, max_model_len, or under min_tokens."""
-        p = req.params
-        if not req.num_computed_tokens >= req.num_tokens - 1:
-            return 0  # still in prefill
-        if p.min_tokens and len(req.output_token_ids) < p.min_tokens:
-            return 0  # stop tokens are masked token by token; drafts would bypass that
-        left = (p.max_tokens - len(req.output_token_ids)) if p.max_tokens is not None else self.k
-        return max(0, min(self.k, left - 1, self.max_model_len - req.num_tokens))
+        return req.drafts_allowed(self.k, self.max_model_len)
 
     def _plan(self, req: Request, spare: int) -> tuple[int, int]:
         """(end of this catch-up pass, number of drafts) for one request."""
@@ -104,6 +98,7 @@ class DraftProposer:
         for i, (r, _, end, _) in enumerate(active):
             r.draft.written_at, r.draft.written_ids = end, feeds[i]
             r.spec_token_ids = drafts[i]
+            r.draft_method = "draft_model"
             # q for every draft, or none: a greedy request in a mixed batch gets q rows only at
             # the steps a sampled row shared with it; its q is one-hot anyway (None).
             r.draft_probs = (torch.stack(probs[i]) if len(probs[i]) == len(drafts[i])

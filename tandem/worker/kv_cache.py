@@ -26,7 +26,7 @@ def kv_formats(config: Any) -> dict[str, KVFormat]:
     ['kv_cache_dtype'], else the target's setting), each against its own model's dtype."""
     cache, spec = config.cache_config, config.speculative_config
     formats = {"target": resolve(cache.kv_cache_dtype, config.model_config.dtype, config.device)}
-    if spec is not None:
+    if spec is not None and not spec.model_free:
         own = getattr(spec, "kv_cache_dtype", None)
         formats["draft"] = resolve(own or cache.kv_cache_dtype, spec.draft_model_config.dtype,
                                    config.device, "speculative_config['kv_cache_dtype']" if own

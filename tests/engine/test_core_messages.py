@@ -118,7 +118,7 @@ def test_a_delta_carries_only_what_changed() -> None:
     assert d.prompt_token_ids is None and d.prompt_logprobs == []
     c0 = next(c for c in d.completions if c.index == 0)
     assert (c0.token_start, c0.token_ids, c0.text_start, c0.text) == (1, [11], 2, "ll")
-    assert len(c0.logprobs) == 1 and c0.from_draft == [True]
+    assert len(c0.logprobs) == 1 and c0.origins == ["draft"]
     unchanged = encoder.encode(snaps[1])
     assert unchanged.completions == []  # nothing new: no completion travels
 

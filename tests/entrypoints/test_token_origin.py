@@ -127,3 +127,44 @@ def test_off_by_default_and_all_target_without_a_draft(server: ServerProcess) ->
     marked = complete(server, max_tokens=8)["choices"][0]
     assert marked["spec_decode_token_origin"] == ["target"] * 8
     assert marked["spec_decode_rejected_draft"] == [None] * 8
+
+
+def test_a_request_turns_speculation_off_or_caps_it(spec_server: ServerProcess) -> None:
+    """`disable_spec_decode` and `num_speculative_tokens` in the body (the openai client's
+    extra_body) act on that request alone; bad values are a 400 naming the field."""
+    off = complete(spec_server, temperature=0, disable_spec_decode=True)["choices"][0]
+    assert off["spec_decode_token_origin"] == ["target"] * 40
+    capped = complete(spec_server, temperature=0, num_speculative_tokens=1)["choices"][0]
+    assert max(runs(capped["spec_decode_token_origin"])) == 1  # self-draft: all 1 accepted
+    assert capped["spec_decode_token_ids"] == off["spec_decode_token_ids"]
+    r = httpx.post(spec_server.url + "/v1/completions", timeout=60,
+                   json={"prompt": "a", "max_tokens": 4, "num_speculative_tokens": -2})
+    assert r.status_code == 400 and "num_speculative_tokens" in r.json()["error"]["message"]
+
+
+@pytest.fixture(scope="module")
+def ngram_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+                 ) -> Iterator[ServerProcess]:
+    spec = json.dumps({"method": "ngram", "num_speculative_tokens": K, "prompt_lookup_min": 1,
+                       "prompt_lookup_max": 3, "adaptive": False})
+    srv = start_server(str(tiny_model_dir), ["--served-model-name", "tiny-ngram",
+                                             "--speculative-config", spec],
+                       tmp_path_factory.mktemp("logs") / "ngram.log")
+    yield srv
+    stop_server(srv.proc)
+
+
+def test_an_ngram_server_marks_the_tokens_its_lookups_gave(ngram_server: ServerProcess,
+                                                          server: ServerProcess) -> None:
+    prompt = "one two three four one two three four one two three four one two"
+    body = complete(ngram_server, prompt=prompt, temperature=0, max_tokens=48)
+    choice = body["choices"][0]
+    plain = complete(server, prompt=prompt, temperature=0, max_tokens=48)["choices"][0]
+    assert choice["text"] == plain["text"]  # greedy: the plain tokens
+    origins = choice["spec_decode_token_origin"]
+    stats = body["metrics"]["speculative_decoding"]
+    # The lookup's accepted drafts carry its name (the page colours them apart).
+    assert "draft" not in origins
+    assert origins.count("ngram") == stats["num_accepted_draft_tokens"] > 0
+    metrics = httpx.get(ngram_server.url + "/metrics", timeout=30).text
+    assert 'vllm:spec_decode_num_drafts_total' in metrics

@@ -193,7 +193,7 @@ def _spec_metric(llm: LLM, name: str) -> float:
 
 @pytest.mark.parametrize("draft,method", [("same_vocab", "greedy"),
                                           ("same_vocab", "probabilistic"),
-                                          ("tli", "greedy")])
+                                          ("tli", "greedy"), ("ngram", None)])
 def test_greedy_structured_output_is_identical_with_a_draft(tiny_dirs, tli_draft,
                                                             greedy_reference, draft, method):
     config = {"model": tiny_dirs["llama_other"] if draft == "same_vocab" else tli_draft,
@@ -201,6 +201,9 @@ def test_greedy_structured_output_is_identical_with_a_draft(tiny_dirs, tli_draft
               "draft_sample_method": method}
     if draft == "tli":
         config["use_heterogeneous_vocab"] = True
+    if draft == "ngram":  # model-free drafts stop where the grammar refuses one
+        config = {"method": "ngram", "num_speculative_tokens": 3, "adaptive": False,
+                  "prompt_lookup_min": 1, "prompt_lookup_max": 3}
     llm = LLM(tiny_dirs["llama"], speculative_config=config)
     assert _greedy_tokens(llm) == greedy_reference
     drafted = _spec_metric(llm, "num_draft_tokens")

@@ -268,3 +268,27 @@ def test_set_policy_switches_drafting_on_one_engine_and_stays_lossless(tiny_dirs
             engine.drafting.set_policy(bad)
     with pytest.raises(ValueError, match="adaptive speculation needs k >= 1"):
         engine.drafting.set_policy(0, adaptive=True)
+
+
+def test_a_lookup_prices_only_the_drafts_it_finds() -> None:
+    """A lookup (model-free drafting) proposes where the text repeats: the controller counts
+    the share of sequences it gave a draft at each position (coverage), prices a verify of k as
+    B (1 + sum of coverage) tokens, and charges nothing for the lookup itself."""
+    ad = AdaptiveK(4, warmup_steps=0)
+    for n in range(1, 80):
+        ad.observe_target(n, (5 + 1.0 * n) / 1000)  # 5 ms + 1 ms a token, exactly
+    assert not ad.lookup and ad.coverage() == [1.0] * 4
+    for _ in range(400):  # 16 sequences: 4 got 4 drafts, the others none
+        ad.observe_proposals(4, [4] * 4 + [0] * 12)
+    assert ad.lookup and all(abs(c - 0.25) < 0.01 for c in ad.coverage())
+    costs = ad.costs(16)  # no draft cost was ever observed: a lookup's is 0
+    for k in range(5):
+        assert costs[k] == pytest.approx((5 + 16 * (1 + 0.25 * k)) / 1000, rel=0.02)
+    # Every found draft accepted: k = 4 pays, where pricing 16 (1 + k) tokens said it does not.
+    ad.hits, ad.misses = [400.0] * 4, [0.0] * 4
+    assert ad.expected_tokens(4, None, ad.coverage()) == pytest.approx(2.0, rel=0.01)
+    assert ad.choose(16) == 4  # 2 tokens for 37 ms beat 1 for 21 ms
+    # Priced as a draft model's, 16 (1 + k) tokens, the same 2 tokens would cost 85 ms: k = 0.
+    ad.covered = None
+    ad.observe_draft(16, 1, 1e-9)
+    assert ad.costs(16)[4] == pytest.approx((5 + 16 * 5) / 1000, rel=0.02)

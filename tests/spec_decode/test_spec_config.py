@@ -20,7 +20,7 @@ from tiny_models import build_tiny_model
                                     "speculative model."),
     ({"model": "D", "num_speculative_tokens": 3, "method": "eagle"},
      "Unsupported speculative method: 'eagle' is not supported by tandem; supported methods: "
-     "['draft_model']"),
+     "['draft_model', 'ngram', 'suffix']"),
     ({"model": "D", "num_speculative_tokens": 3, "method": "magic"},
      "Unsupported speculative method: 'magic' is unknown"),
     ({"model": "D", "num_speculative_tokens": 3, "draft_tensor_parallel_size": 3},
@@ -63,6 +63,48 @@ from tiny_models import build_tiny_model
       "heterogeneous_vocab_feedback": "drop"},
      "heterogeneous_vocab_feedback must be one of ['reencode', 'unk'], got 'drop'."),
     ({"model": "D", "num_speculative_tokens": 3, "bogus": 1}, "Unknown key(s) ['bogus']"),
+    # the model-free methods (ngram, suffix) and a lookup beside a draft model
+    ({"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 4,
+      "prompt_lookup_max": 2}, "prompt_lookup_min=4 must be <= prompt_lookup_max=2"),
+    ({"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 0},
+     "speculative_config['prompt_lookup_max'] must be an integer >= 1, got 0."),
+    ({"method": "ngram"}, "method='ngram' needs num_speculative_tokens"),
+    ({"method": "ngram", "num_speculative_tokens": 0},
+     "Expected num_speculative_tokens to be greater than zero (0)."),
+    ({"method": "ngram", "num_speculative_tokens": 129},
+     "num_speculative_tokens must be at most 128, got 129."),
+    ({"method": "ngram", "num_speculative_tokens": 3, "model": "D"},
+     "speculative_config['model'] names a draft model, but method='ngram' drafts without one"),
+    ({"method": "suffix", "quantization": "q8_0"},
+     "speculative_config['quantization'] is a draft model's setting; method='suffix' has no "
+     "draft model."),
+    ({"method": "suffix", "prompt_lookup_min": 2},
+     "speculative_config['prompt_lookup_min'] is only valid with method='ngram' (or "
+     "lookup_method='ngram'), got method='suffix'."),
+    ({"method": "ngram", "num_speculative_tokens": 3, "suffix_decoding_max_tree_depth": 8},
+     "speculative_config['suffix_decoding_max_tree_depth'] is only valid with method='suffix'"),
+    ({"model": "D", "num_speculative_tokens": 3, "prompt_lookup_max": 3},
+     "speculative_config['prompt_lookup_max'] is only valid with method='ngram' (or "
+     "lookup_method='ngram'), got method=None."),
+    ({"method": "suffix", "suffix_decoding_min_token_prob": 1.5},
+     "speculative_config['suffix_decoding_min_token_prob'] must be a number in [0, 1], got 1.5."),
+    ({"method": "suffix", "suffix_decoding_max_spec_factor": 0},
+     "speculative_config['suffix_decoding_max_spec_factor'] must be a number > 0, got 0."),
+    ({"method": "suffix", "suffix_decoding_max_cached_requests": -1},
+     "speculative_config['suffix_decoding_max_cached_requests'] must be an integer >= 0"),
+    ({"method": "suffix", "use_heterogeneous_vocab": True},
+     "use_heterogeneous_vocab only works with method='draft_model', got method='suffix'."),
+    ({"method": "ngram", "num_speculative_tokens": 3, "max_model_len": 100000},
+     "speculative_max_model_len=100000 cannot be larger than target_max_model_len"),
+    ({"model": "D", "num_speculative_tokens": 3, "lookup_method": "medusa"},
+     "speculative_config['lookup_method'] must be one of ['ngram', 'suffix'], got 'medusa'."),
+    ({"method": "ngram", "num_speculative_tokens": 3, "lookup_method": "suffix"},
+     "speculative_config['lookup_method'] adds a lookup beside a draft model "
+     "(method='draft_model'), got method='ngram'."),
+    ({"model": "D", "num_speculative_tokens": 3, "lookup_method": "ngram",
+      "suffix_decoding_max_tree_depth": 4},
+     "speculative_config['suffix_decoding_max_tree_depth'] is only valid with method='suffix' "
+     "(or lookup_method='suffix')"),
 ])
 def test_config_errors(tiny_llama, config, message):
     config = {k: (tiny_llama if v == "D" else v) for k, v in config.items()}

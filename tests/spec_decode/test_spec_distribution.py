@@ -45,19 +45,24 @@ def pair(tmp_path_factory):
     return str(target), str(draft)
 
 
+def exact_law(target: str, prompt: list[int]) -> np.ndarray:
+    """P(t1, t2, t3 | prompt) under the target (temperature and top-p applied) as [V, V, V]."""
+    model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).eval()
+    v = model.config.vocab_size
+    grid = torch.tensor([[a, b] for a in range(v) for b in range(v)])  # [V*V, 2]
+    seqs = torch.cat([torch.tensor(prompt).expand(len(grid), -1), grid], dim=1)
+    with torch.no_grad():
+        logits = model(seqs).logits                        # [V*V, len+2, V]
+    p1 = _processed(logits[:1, len(prompt) - 1])[0]       # [V]
+    p2 = _processed(logits[::v, len(prompt)])              # [V, V]: row a = P(t2 | t1 = a)
+    p3 = _processed(logits[:, len(prompt) + 1]).reshape(v, v, v)
+    return p1[:, None, None] * p2[:, :, None] * p3
+
+
 @pytest.fixture(scope="module")
 def exact(pair) -> np.ndarray:
     """P(t1, t2, t3 | PROMPT) as a [V, V, V] array."""
-    model = AutoModelForCausalLM.from_pretrained(pair[0], dtype=torch.float32).eval()
-    v = model.config.vocab_size
-    grid = torch.tensor([[a, b] for a in range(v) for b in range(v)])  # [V*V, 2]
-    seqs = torch.cat([torch.tensor(PROMPT).expand(len(grid), -1), grid], dim=1)
-    with torch.no_grad():
-        logits = model(seqs).logits                        # [V*V, len+2, V]
-    p1 = _processed(logits[:1, len(PROMPT) - 1])[0]       # [V]
-    p2 = _processed(logits[::v, len(PROMPT)])              # [V, V]: row a = P(t2 | t1 = a)
-    p3 = _processed(logits[:, len(PROMPT) + 1]).reshape(v, v, v)
-    return p1[:, None, None] * p2[:, :, None] * p3
+    return exact_law(pair[0], PROMPT)
 
 
 def _sample(pair, method: str, adaptive: bool = False,

@@ -36,9 +36,22 @@ REMOVED_SPEC_FLAGS: dict[str, str] = {
 
 SPEC_KEYS_HELP = """\
 --speculative-config keys (JSON, vLLM's names; or --speculative-config.KEY VALUE):
+  method                        "draft_model" (the default: a draft model), "ngram" (prompt
+                                lookup) or "suffix" (suffix decoding): these two draft from the
+                                request's own tokens, with no model
   model                         the draft model (directory, Hub id or GGUF file); required
-  num_speculative_tokens        draft tokens per step, 1..128; required
-  method                        "draft_model" (the default and only method)
+                                for draft_model ("ngram" or "[ngram]" alone means ngram)
+  num_speculative_tokens        draft tokens per step, 1..128; required (suffix: the tree depth)
+  prompt_lookup_min, prompt_lookup_max
+                                ngram: match the last max..min tokens (default 5, 5; one given,
+                                the other copies it)
+  suffix_decoding_max_tree_depth (24), suffix_decoding_max_cached_requests (10000),
+  suffix_decoding_max_spec_factor (1.0), suffix_decoding_min_token_prob (0.1)
+                                suffix: tree depth, finished outputs kept for later requests,
+                                drafts per matched token, and the least probability a draft
+                                token may have
+  lookup_method                 "ngram" or "suffix" beside a draft model: a request whose
+                                lookup matches verifies its drafts, the others the model's
   draft_sample_method           "auto" (default: from the request's own distribution, greedy for
                                 greedy requests), "probabilistic" (the same) or "greedy" (argmax)
   draft_tensor_parallel_size    1 (the draft beside rank 0) or the target's -tp

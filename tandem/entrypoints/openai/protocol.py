@@ -119,6 +119,9 @@ class SamplingFields(OpenAIBaseModel):
     truncate_prompt_tokens: Optional[int] = None
     # tandem's extension: each token's origin under speculation (openai/token_origin.py)
     spec_decode_token_origin: bool = False
+    # tandem's extension: speculation off for this request, or capped at k drafts per step
+    disable_spec_decode: bool = False
+    num_speculative_tokens: Optional[int] = None
 
     @model_validator(mode="after")
     def _check_stream_options(self) -> SamplingFields:

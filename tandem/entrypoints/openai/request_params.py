@@ -150,6 +150,8 @@ class RequestParams:
             skip_special_tokens=request.skip_special_tokens,
             spaces_between_special_tokens=request.spaces_between_special_tokens,
             include_stop_str_in_output=request.include_stop_str_in_output,
+            disable_spec_decode=request.disable_spec_decode,
+            num_speculative_tokens=request.num_speculative_tokens,
             structured_outputs=self.structured_outputs(request, tool_structured))
         kwargs.update({k: v for k, v in extra.items() if v})
         try:

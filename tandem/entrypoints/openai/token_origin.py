@@ -3,7 +3,8 @@
 With `"spec_decode_token_origin": true` in a completion or chat request, each choice (each
 chunk's choice when streaming) carries three lists with one entry per generated token of that
 choice or chunk:
-- `spec_decode_token_origin`: "draft" (a draft token the target accepted) or "target" (a token
+- `spec_decode_token_origin`: "draft" (a draft model's token the target accepted), "ngram" or
+  "suffix" (an accepted token of that lookup, `method` or `lookup_method`) or "target" (a token
   the target produced itself: recovered after a rejection, a bonus token, or decoding without
   drafts);
 - `spec_decode_token_ids`: the token ids;

@@ -5,9 +5,11 @@
   "use strict";
 
   const WINDOW = 8; // verify steps in the "recent" acceptance line
+  // Origins of accepted drafts: a draft model's ("draft") or a lookup's ("ngram", "suffix").
+  const DRAFTED = new Set(["draft", "ngram", "suffix"]);
 
-  // How a verify step shows in the origin marks: its accepted drafts are a run of "draft"
-  // entries, then exactly one "target" (the recovered token after a rejection, or the bonus
+  // How a verify step shows in the origin marks: its accepted drafts are a run of "draft" (or
+  // "ngram", "suffix": a lookup's) entries, then exactly one "target" (the recovered token after a rejection, or the bonus
   // token when every draft was accepted). Position i of a run is draft position i.
   // A "target" with no run before it and no rejected guess is a step without drafts (the first
   // token after the prompt, or the last one when max_tokens leaves no room to draft).
@@ -30,7 +32,7 @@
     // at `position`), "recovered", "bonus" or "plain" (target tokens).
     add(origin, rejectedDraft) {
       this.tokens += 1;
-      if (origin === "draft") {
+      if (DRAFTED.has(origin)) {
         this.draftTokens += 1;
         this.run += 1;
         return {kind: "accepted", position: this.run - 1};

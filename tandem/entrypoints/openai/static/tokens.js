@@ -18,7 +18,8 @@
     return {texts: text ? [text] : [], logprobs: []};
   }
 
-  // origin: "draft" | "target" | "unknown"; kind: RequestStats.add's "accepted", "recovered",
+  // origin: "draft" | "ngram" | "suffix" | "target" | "unknown" (ngram, suffix: a lookup's
+  // draft, coloured apart from a draft model's); kind: RequestStats.add's "accepted", "recovered",
   // "bonus" or "plain"; position: the draft position of an accepted token, else null.
   function tokenSpan(text, origin, kind, position, id, logprob, guess) {
     const span = document.createElement("span");
@@ -33,12 +34,15 @@
     return span;
   }
 
+  const LOOKUPS = {ngram: "n-gram lookup's draft", suffix: "suffix tree's draft"};
+
   // The hover text: the token's origin, id, logprob and the draft's rejected guess.
   function describe(span) {
     const d = span.dataset;
     const lines = [];
     const what = {
-      accepted: "draft token, accepted by the target (draft position " + (Number(d.position) + 1) + ")",
+      accepted: (LOOKUPS[d.origin] || "draft token") + ", accepted by the target (draft position "
+        + (Number(d.position) + 1) + ")",
       recovered: "target token, sampled after rejecting the draft's guess",
       bonus: "target token: the bonus after every draft was accepted",
     };
