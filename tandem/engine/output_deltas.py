@@ -136,13 +136,13 @@ class DeltaEncoder:
         completions = []
         for child in group.children:
             want_lp = child.params.logprobs is not None
-            flags = child.token_origins
+            origins = child.token_origins
             c = _completion_delta(
                 sent, child.index,
                 group.detoks[child.request_id].visible_text(child.status.finished),
                 child.output_token_ids, child.cumulative_logprob if want_lp else None,
                 child.logprobs if want_lp else None, child.finish_reason, child.stop_reason,
-                child.spec_stats, lambda start, flags=flags: flags[start:],
+                child.spec_stats, lambda start, origins=origins: origins[start:],
                 child.rejected_drafts)
             if c is not None:
                 completions.append(c)
@@ -173,8 +173,6 @@ class DeltaEncoder:
 
     def __len__(self) -> int:
         return len(self._sent)
-
-
 
 
 @dataclass
