@@ -61,17 +61,12 @@ class SuffixLookup:
         self.cache = SuffixCache(max_depth, max_cached_requests)
         self.max_depth = max_depth
         self.max_spec_factor, self.min_token_prob = max_spec_factor, min_token_prob
-        self.fed: dict[str, int] = {}  # output tokens each request's tree has seen
 
     def propose(self, req: Request, k: int) -> list[int]:
         rid = req.request_id
         if not self.cache.active(rid):
             self.cache.start(rid, req.prompt_token_ids)
-            self.fed[rid] = 0
-        out = req.output_token_ids
-        if len(out) > self.fed[rid]:
-            self.cache.append(rid, out[self.fed[rid]:])
-            self.fed[rid] = len(out)
+        self._feed(req)
         if k <= 0:
             return []
         pattern = req.all_token_ids[-self.max_depth:]
@@ -80,16 +75,19 @@ class SuffixLookup:
     def finished(self, req: Request, keep: bool) -> None:
         """With `keep`, its output joins the cross-request tree (the oldest cached one leaves)."""
         rid = req.request_id
-        if rid not in self.fed:
+        if not self.cache.active(rid):
             return
-        out = req.output_token_ids
-        if keep and len(out) > self.fed[rid]:
-            self.cache.append(rid, out[self.fed[rid]:])
-        del self.fed[rid]
         if keep:
+            self._feed(req)
             self.cache.finish(rid)
         else:
             self.cache.drop(rid)
+
+    def _feed(self, req: Request) -> None:
+        """The output tokens the request's tree has not seen yet (drafts never enter it)."""
+        seen = self.cache.num_output(req.request_id)
+        if len(req.output_token_ids) > seen:
+            self.cache.append(req.request_id, req.output_token_ids[seen:])
 
     def clear_cache(self) -> None:
         """Forget the finished requests' outputs (what `bench_model_free.py` does between runs

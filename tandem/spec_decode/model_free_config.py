@@ -51,14 +51,11 @@ def resolve(raw: dict) -> dict:
     if method is not None:
         raw["method"] = method
     lookup = _lookup_method(raw, method)
-    for key in NGRAM_KEYS:
-        if raw.get(key) is not None and lookup != "ngram":
-            raise ValueError(f"speculative_config['{key}'] is only valid with method='ngram' "
-                             f"(or lookup_method='ngram'), got method={method!r}.")
-    for key in SUFFIX_DEFAULTS:
-        if raw.get(key) is not None and lookup != "suffix":
-            raise ValueError(f"speculative_config['{key}'] is only valid with method='suffix' "
-                             f"(or lookup_method='suffix'), got method={method!r}.")
+    for own, keys in (("ngram", NGRAM_KEYS), ("suffix", tuple(SUFFIX_DEFAULTS))):
+        for key in keys:
+            if raw.get(key) is not None and lookup != own:
+                raise ValueError(f"speculative_config['{key}'] is only valid with method="
+                                 f"'{own}' (or lookup_method='{own}'), got method={method!r}.")
     if lookup is not None and method not in MODEL_FREE_METHODS:
         _resolve_lookup_keys(raw, lookup)  # beside a draft model, whose checks follow
         return raw

@@ -302,6 +302,10 @@ class SuffixCache:
     def active(self, req_id: str) -> bool:
         return req_id in self._local
 
+    def num_output(self, req_id: str) -> int:
+        """Output tokens an active request's tree holds (KeyError if it is not active)."""
+        return len(self._outputs[req_id])
+
     def speculate(self, req_id: str, pattern: Sequence[int], max_tokens: int,
                   max_spec_factor: float, min_token_prob: float) -> list[int]:
         """The better-scoring draft of the local tree and the global tree (ties: local); a

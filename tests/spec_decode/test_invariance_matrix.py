@@ -129,6 +129,23 @@ def test_speculation_equals_plain_at_every_batch_and_k(flat, plain_outputs, weig
         assert 0.05 < rate < 0.95, rate  # drafts accepted and rejected: roll-backs are exercised
 
 
+@pytest.mark.parametrize("weights", ["float32", "gguf"])
+@pytest.mark.parametrize("method", ["ngram", "suffix"])
+def test_lookups_equal_plain_at_64_streams_and_k_20(flat, plain_outputs, weights, method):
+    """Model-free drafts (the prompts repeat their words, so lookups find plenty) verified 20 at a
+    time beside 63 other requests, chunked prompts among them: plain decoding's bits."""
+    model, kw = _model(flat, weights)
+    llm = LLM(model, max_num_seqs=64, max_num_batched_tokens=BUDGET, seed=0,
+              enable_prefix_caching=False, speculative_config={
+                  "method": method, "num_speculative_tokens": 20, "adaptive": False,
+                  **({"prompt_lookup_min": 2} if method == "ngram" else {})}, **kw)
+    got = run(llm, 64)
+    bad = [i for i in range(64) if got[i] != plain_outputs[weights][i]]
+    assert not bad, f"{weights}, {method}: requests {bad} differ from plain"
+    m = {x.name: x.value for x in llm.get_metrics() if hasattr(x, "value")}
+    assert m["tandem:spec_decode_num_accepted_tokens"] > 0  # lookups were verified, and paid
+
+
 def test_a_planted_batch_dependence_is_caught(flat, plain_outputs, monkeypatch):
     """Requests verifying more than 16 tokens sent to SDPA (the old path): the matrix fails."""
     real = sdpa_backend.paged_attention

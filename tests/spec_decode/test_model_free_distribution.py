@@ -11,10 +11,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tandem import LLM, SamplingParams
+from tandem import LLM
 from tandem.sample.rejection_sampler import RejectionSampler
-from test_spec_distribution import (ALPHA, TEMPERATURE, TOP_P, _accept_with_q_over_p, _pvalue,
-                                    _resample_from_p, exact_law)
+from test_spec_distribution import (ALPHA, _accept_with_q_over_p, _pvalue, _resample_from_p, draw,
+                                    exact_law)
 from test_spec_distribution import pair  # noqa: F401 - fixture
 
 NUM_SAMPLES = 4000
@@ -38,13 +38,8 @@ def exact(pair) -> np.ndarray:  # noqa: F811
 def _sample(target: str, method: str, num: int = NUM_SAMPLES) -> tuple[np.ndarray, float, int]:
     llm = LLM(target, seed=1234, speculative_config={
         **METHODS[method], "adaptive": False, "rejection_sample_method": "standard"})
-    outs = llm.generate([PROMPT] * 2, SamplingParams(n=num // 2, temperature=TEMPERATURE,
-                                                     top_p=TOP_P, max_tokens=4, ignore_eos=True),
-                        use_tqdm=False)
-    firsts = np.array([c.token_ids[:3] for out in outs for c in out.outputs])
-    stats = [out.spec_decode_stats for out in outs]
-    drafted = sum(s.num_draft_tokens for s in stats)
-    return firsts, sum(s.num_accepted_tokens for s in stats) / drafted, drafted
+    firsts, drafted, accepted = draw(llm, PROMPT, num)
+    return firsts, accepted / drafted, drafted
 
 
 @pytest.mark.parametrize("method", sorted(METHODS))

@@ -73,14 +73,20 @@ def _sample(pair, method: str, adaptive: bool = False,
         "model": pair[1], "num_speculative_tokens": 2, "draft_sample_method": method,
         "adaptive": adaptive, "quantization": quantization,
         "rejection_sample_method": "standard"})  # gumbel: test_gumbel_distribution.py
-    # Two requests of n = NUM_SAMPLES / 2 (n is capped at 16384, as in vLLM).
-    outs = llm.generate([PROMPT] * 2, SamplingParams(n=NUM_SAMPLES // 2, temperature=TEMPERATURE,
+    firsts, drafted, accepted = draw(llm, PROMPT, NUM_SAMPLES)
+    return firsts, accepted / drafted
+
+
+def draw(llm: LLM, prompt: list[int], num: int) -> tuple[np.ndarray, int, int]:
+    """The first three tokens of `num` samples ([num, 3]; two requests of n = num / 2, as n is
+    capped at 16384 as in vLLM), and the drafted and accepted counts behind them."""
+    outs = llm.generate([prompt] * 2, SamplingParams(n=num // 2, temperature=TEMPERATURE,
                                                      top_p=TOP_P, max_tokens=4, ignore_eos=True),
                         use_tqdm=False)
     firsts = np.array([c.token_ids[:3] for out in outs for c in out.outputs])
     stats = [out.spec_decode_stats for out in outs]
-    accepted = sum(s.num_accepted_tokens for s in stats)
-    return firsts, accepted / sum(s.num_draft_tokens for s in stats)
+    return (firsts, sum(s.num_draft_tokens for s in stats),
+            sum(s.num_accepted_tokens for s in stats))
 
 
 def _pvalue(samples: np.ndarray, exact: np.ndarray) -> float:
