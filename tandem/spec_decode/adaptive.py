@@ -168,9 +168,13 @@ class AdaptiveK:
         `lengths`."""
         if self.covered is None:
             self.covered = [0.0] * self.k_max
-        d = self.decay
-        for i in range(min(k, self.k_max)):
-            got = sum(1 for n in lengths if n > i)
+        d, k = self.decay, min(k, self.k_max)
+        ending = [0] * (k + 1)  # sequences whose drafts end at each length (once per step)
+        for n in lengths:
+            ending[min(n, k)] += 1
+        got = len(lengths)
+        for i in range(k):
+            got -= ending[i]  # now: sequences with more than i drafts
             self.covered[i] = d * self.covered[i] + got
             self.offered[i] = d * self.offered[i] + len(lengths)
 

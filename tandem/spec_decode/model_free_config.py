@@ -73,6 +73,10 @@ def resolve(raw: dict) -> dict:
         if raw.get(key) is not None:
             raise ValueError(f"speculative_config['{key}'] is a draft model's setting; method="
                              f"{method!r} has no draft model.")
+    if raw.get("draft_sample_method") == "probabilistic":  # a lookup has no q to sample from
+        raise ValueError(f"draft_sample_method='probabilistic' needs a draft model's "
+                         f"distribution; method={method!r} proposes point guesses ('auto' or "
+                         "'greedy').")
     _resolve_lookup_keys(raw, method)
     if raw.get("num_speculative_tokens") is None:
         if method == "ngram":

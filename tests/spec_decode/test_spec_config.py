@@ -64,6 +64,8 @@ from tiny_models import build_tiny_model
      "heterogeneous_vocab_feedback must be one of ['reencode', 'unk'], got 'drop'."),
     ({"model": "D", "num_speculative_tokens": 3, "bogus": 1}, "Unknown key(s) ['bogus']"),
     # the model-free methods (ngram, suffix) and a lookup beside a draft model
+    ({"method": "suffix", "draft_sample_method": "probabilistic"},
+     "draft_sample_method='probabilistic' needs a draft model's distribution; method='suffix'"),
     ({"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 4,
       "prompt_lookup_max": 2}, "prompt_lookup_min=4 must be <= prompt_lookup_max=2"),
     ({"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 0},
