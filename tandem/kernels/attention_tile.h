@@ -1,7 +1,8 @@
-/* One tile of paged attention (cpu_attention.c): the tile's key and value rows widened from the
- * cache's format, the scores of a pass's rows against them, the running maximum and the weights,
- * and the value sums, each in the one order cpu_attention.c's comment gives. The types and sizes
- * of a pass live here too. Included by cpu_attention.c only. */
+/* One tile of paged attention (cpu_attention.c): the tile's key and value rows in the cache's
+ * format, widened in registers where they are used (kv_format.h's kv_vec), the scores of a
+ * pass's rows against them, the running maximum and the weights, and the value sums, each in
+ * the one order cpu_attention.c's comment gives; the next tile asked of the memory meanwhile.
+ * The types and sizes of a pass live here too. Included by cpu_attention.c only. */
 #ifndef TANDEM_ATTENTION_TILE_H
 #define TANDEM_ATTENTION_TILE_H
 #include <math.h>
@@ -37,8 +38,7 @@ typedef struct {
     vf *run;                           /* [PASS_ROWS][nv]: their value sums */
     int64_t a[PASS_ROWS], b[PASS_ROWS];
     float s[PASS_ROWS * TILE_STRIDE];  /* row i's score (then weight) of key j: s[i][j - t0] */
-    const float *k[KEY_TILE], *v[KEY_TILE];  /* the tile's key and value rows, as float32 */
-    float *kt, *vt;                    /* [KEY_TILE, D] each: rows widened from the cache */
+    const uint8_t *k[KEY_TILE], *v[KEY_TILE];  /* one KV head's key and value rows */
     vf acc[];                          /* [PASS_ROWS][2][nv] */
 } pass_t;
 
@@ -50,33 +50,40 @@ typedef struct {
     int type;
 } cache_t;
 
-/* The tile t0 .. t1's key and value rows as float32 row pointers in st->k, st->v: straight into
- * a float32 cache, else widened into st->kt, st->vt (the cache is read once, in its own type).
- * No software prefetch: the next tile's rows as one burst of lines measured slower. */
-static void tile_rows(pass_t *st, const cache_t *c, int64_t d, int64_t t0, int64_t a,
-                      int64_t t1) {
+/* st->k, st->v pointed at the cache rows of keys a .. t1 of the tile at t0, KV head c->g + h. */
+static inline void tile_head(pass_t *st, const cache_t *c, int64_t t0, int64_t a, int64_t t1,
+                             int h) {
     for (int64_t j = a; j <= t1; j++) {
-        const int64_t off = (c->slots[j] * c->hkv + c->g) * c->rb;
-        if (c->type == KV_F32) {
-            st->k[j - t0] = (const float *)(c->k + off);
-            st->v[j - t0] = (const float *)(c->v + off);
-        } else {
-            float *kr = st->kt + (j - t0) * d, *vr = st->vt + (j - t0) * d;
-            kv_load_row(c->type, c->k + off, kr, d);
-            kv_load_row(c->type, c->v + off, vr, d);
-            st->k[j - t0] = kr;
-            st->v[j - t0] = vr;
-        }
+        const int64_t off = (c->slots[j] * c->hkv + c->g + h) * c->rb;
+        st->k[j - t0] = (const uint8_t *)c->k + off;
+        st->v[j - t0] = (const uint8_t *)c->v + off;
+    }
+}
+
+/* Share h of ng of the next tile's cache lines (keys n0 .. n1, KV heads c->g .. c->g + ng - 1:
+ * their rows lie side by side in each key's slot) asked of the memory now, in address order, so
+ * they arrive while this tile's heads are computed. Without it, a pass reads each head's rows a
+ * slot apart (4 KB for 32 heads of 64 float16 numbers: a row a page), which the hardware's
+ * prefetchers do not follow. */
+static inline void tile_prefetch(const cache_t *c, int64_t n0, int64_t n1, int h, int ng) {
+    if (n0 > n1) return;
+    const int64_t per_key = (ng * c->rb + 63) / 64, lines = (n1 - n0 + 1) * per_key;
+    for (int64_t l = lines * h / ng; l < lines * (h + 1) / ng; l++) {
+        const int64_t off = (c->slots[n0 + l / per_key] * c->hkv + c->g) * c->rb
+                            + l % per_key * 64;
+        __builtin_prefetch(c->k + off, 0, 3);
+        __builtin_prefetch(c->v + off, 0, 3);
     }
 }
 
 static inline int split_of(int nv) { return nv < 8 ? 2 : 1; }
 
 /* Scores of rows 0 .. nr - 1 (nr <= SCORE_ROWS) for keys a .. b of the tile at t0 (key rows
- * krow[j - t0]), into s[i * TILE_STRIDE + j - t0]. nv = D / LANES, a constant where inlined. */
+ * krow[j - t0] in format `type`, widened once for the nr rows), into
+ * s[i * TILE_STRIDE + j - t0]. nv = D / LANES and type are constants where inlined. */
 static inline __attribute__((always_inline)) void tile_scores(
-        const row_t *rows, int nr, const float *const *krow, int64_t a, int64_t b, int64_t t0,
-        float scale, float softcap, float *s, const int nv) {
+        const row_t *rows, int nr, const uint8_t *const *krow, int64_t a, int64_t b, int64_t t0,
+        float scale, float softcap, float *s, const int nv, const int type) {
     vf qv[SCORE_ROWS][NV_MAX];
     for (int i = 0; i < nr; i++)
         for (int e = 0; e < nv; e++) qv[i][e] = load(rows[i].q + e * LANES);
@@ -84,9 +91,9 @@ static inline __attribute__((always_inline)) void tile_scores(
         vf t[SCORE_ROWS][LANES];  /* t[i][k]: row i's partial sums for key j + k */
         for (int k = 0; k < LANES; k++) {
             if (j + k <= b) {
-                const float *kj = krow[j + k - t0];
+                const uint8_t *kj = krow[j + k - t0];
                 vf kv[NV_MAX];
-                for (int e = 0; e < nv; e++) kv[e] = load(kj + e * LANES);
+                for (int e = 0; e < nv; e++) kv[e] = kv_vec(type, kj, e);
                 for (int i = 0; i < nr; i++) {
                     vf acc = {0};
                     for (int e = 0; e < nv; e++) acc += qv[i][e] * kv[e];
@@ -132,12 +139,13 @@ static inline __attribute__((always_inline)) void tile_weights(pass_t *st, int i
 }
 
 /* Vectors e0 .. e0 + cv - 1 of the value sums of rows i0 .. i0 + gn - 1, which have the same
- * keys a .. b in this tile: each value row loaded once for all. A row's sum runs in key order as
- * `split` chains (even keys to the first, odd keys to the second where a row has few vectors),
- * rescaled by alpha first. gn, cv and nv are constants where inlined, so the sums stay in
- * registers. */
+ * keys a .. b in this tile: each value row loaded (and widened from format `type`) once for
+ * all. A row's sum runs in key order as `split` chains (even keys to the first, odd keys to the
+ * second where a row has few vectors), rescaled by alpha first. gn, cv, nv and type are
+ * constants where inlined, so the sums stay in registers. */
 static inline __attribute__((always_inline)) void tile_values(
-        pass_t *st, int i0, const int gn, int64_t t0, int e0, const int cv, const int nv) {
+        pass_t *st, int i0, const int gn, int64_t t0, int e0, const int cv, const int nv,
+        const int type) {
     const int split = split_of(nv);
     int64_t a = st->a[i0], b = st->b[i0];
     vf acc[VALUE_ROWS][2][VALUE_VECS];
@@ -150,9 +158,9 @@ static inline __attribute__((always_inline)) void tile_values(
         w[r] = st->s + (i0 + r) * TILE_STRIDE - t0;
     }
 #define ADD(J, C) do {                                                                         \
-        const float *vj = st->v[(J) - t0] + e0 * LANES;                                        \
+        const uint8_t *vj = st->v[(J) - t0];                                                   \
         vf vv[VALUE_VECS];                                                                     \
-        for (int e = 0; e < cv; e++) vv[e] = load(vj + e * LANES);                             \
+        for (int e = 0; e < cv; e++) vv[e] = kv_vec(type, vj, e0 + e);                         \
         for (int r = 0; r < gn; r++) {                                                         \
             const vf pj = splat(w[r][J]);                                                      \
             for (int e = 0; e < cv; e++) acc[r][C][e] += pj * vv[e];                           \

@@ -16,16 +16,22 @@
  * the same bits in plain decoding, in a verification of any length, in a prefill chunk of any
  * size, and when a preempted sequence is recomputed as one prefill.
  *
- * The cache holds its rows in its format (kv_format.h: float32, 16-bit, fp8 or q8_0): a tile's
- * rows are read once, in that type, and widened to float32 exactly (attention_tile.h), so the
- * arithmetic above is the same for every format, on the values the cache holds.
+ * The cache holds its rows in its format (kv_format.h: float32, 16-bit, fp8 or q8_0), read
+ * once, in that type, and widened to float32 exactly in registers where they are used
+ * (attention_tile.h), so the arithmetic above is the same for every format, on the values the
+ * cache holds.
  *
- * Speed: a pass takes up to PASS_ROWS rows that share one KV head (the query heads of one KV
- * head, of up to QUERY_CHUNK queries), so each tile of keys and values is read from memory once
- * for all of them and then from L1. Rows with the same keys (one query's heads) add up their
- * value rows together, and a row's value sums run as two interleaved chains where it has few
- * vectors, so the adds do not wait on each other. Work items (a request's queries, QUERY_CHUNK at
- * a time) spread over torch's OpenMP threads, so one long prefill uses every core.
+ * Speed: a pass takes up to PASS_ROWS rows: the rows of as many consecutive KV heads as fit
+ * (for a decode, every head of the query), else one KV head's rows (its query heads, of up to
+ * QUERY_CHUNK queries) PASS_ROWS at a time; so each tile of keys and values is read from memory
+ * once for all of them, then from L1. While a tile's heads are computed, the next tile's cache
+ * lines are prefetched in address order (a key's heads lie side by side in its slot, so a
+ * decode streams whole slots; read head by head, 32 heads of 64 float16 numbers put each row a
+ * 4 KB page apart, which the hardware prefetchers do not follow: measured 1.4x slower at depth
+ * 4,096, and 1.9x for q8_0). Rows with the same keys (one query's heads) add up their value rows
+ * together, and a row's value sums run as two interleaved chains where it has few vectors, so
+ * the adds do not wait on each other. Work items (a request's queries, QUERY_CHUNK at a time)
+ * spread over torch's OpenMP threads, so one long prefill uses every core.
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -35,152 +41,8 @@
 #include <omp.h>
 #endif
 
-#include "attention_tile.h"
+#include "attention_pass.h"
 #include "kernels.h"
-
-/* Rows 0 .. nr - 1 (nr <= PASS_ROWS, all of KV head g, each clipped to one chunk of keys; a
- * row with lo > hi has none there) against their keys, tile by tile, from a fresh state: leaves
- * each row's partial in st: its maximum st->m, the sum of its weights st->total, and its value
- * sums (the chains added) in st->acc's first nv vectors. */
-static inline __attribute__((always_inline)) void attend_rows(
-        const row_t *rows, int nr, const cache_t *c, float scale, float softcap, pass_t *st,
-        const int nv) {
-    const int split = split_of(nv);
-    int64_t lo = INT64_MAX, hi = -1;
-    for (int i = 0; i < nr; i++) {
-        if (rows[i].lo <= rows[i].hi) {
-            lo = rows[i].lo < lo ? rows[i].lo : lo;
-            hi = rows[i].hi > hi ? rows[i].hi : hi;
-        }
-        st->m[i] = -INFINITY;
-        st->total[i] = 0.0f;
-        for (int e = 0; e < 2 * nv; e++) st->acc[(size_t)i * 2 * nv + e] = (vf){0};
-    }
-    const int cv = nv < VALUE_VECS ? nv : VALUE_VECS;  /* the sums' vectors, a chunk at a time */
-    int vg = VALUE_ACCS / (split * cv);
-    vg = vg < 1 ? 1 : vg > VALUE_ROWS ? VALUE_ROWS : vg;
-    for (int64_t t0 = lo - lo % KEY_TILE; t0 <= hi; t0 += KEY_TILE) {
-        int64_t t1 = t0 + KEY_TILE - 1 < hi ? t0 + KEY_TILE - 1 : hi, a0 = t0 > lo ? t0 : lo;
-        tile_rows(st, c, nv * LANES, t0, a0, t1);
-        for (int i = 0; i < nr; i += SCORE_ROWS)
-            tile_scores(rows + i, nr - i < SCORE_ROWS ? nr - i : SCORE_ROWS, st->k, a0, t1, t0,
-                        scale, softcap, st->s + i * TILE_STRIDE, nv);
-        for (int i = 0; i < nr; i++) {
-            st->a[i] = rows[i].lo > t0 ? rows[i].lo : t0;
-            st->b[i] = rows[i].hi < t1 ? rows[i].hi : t1;
-            if (st->a[i] <= st->b[i]) tile_weights(st, i, t0);
-        }
-        for (int i0 = 0; i0 < nr;) {
-            int gn = 1;
-            while (i0 + gn < nr && gn < vg && st->a[i0 + gn] == st->a[i0]
-                   && st->b[i0 + gn] == st->b[i0])
-                gn++;
-            if (st->a[i0] <= st->b[i0]) {
-#define VALUES(GN) tile_values(st, i0, GN, t0, e0, cv, nv)
-                for (int e0 = 0; e0 < nv; e0 += cv) {
-                    if (gn == 1) VALUES(1);
-                    else if (gn == 2) VALUES(2);
-                    else if (gn == 3) VALUES(3);
-                    else VALUES(4);
-                }
-#undef VALUES
-            }
-            i0 += gn;
-        }
-    }
-    if (split == 2)
-        for (int i = 0; i < nr; i++) {
-            vf *m = st->acc + (size_t)i * 2 * nv;
-            for (int e = 0; e < nv; e++) m[e] += m[nv + e];
-        }
-}
-
-static void attend_pass(const row_t *rows, int nr, const cache_t *c, float scale, float softcap,
-                        pass_t *st, int nv) {
-#define ATTEND(NV) attend_rows(rows, nr, c, scale, softcap, st, NV)
-    if (nv == 64 / LANES) ATTEND(64 / LANES);  /* head sizes 64, 128 and 256, unrolled */
-    else if (nv == 128 / LANES) ATTEND(128 / LANES);
-    else if (nv == 256 / LANES) ATTEND(256 / LANES);
-    else ATTEND(nv);
-#undef ATTEND
-}
-
-/* Where a request's chunk partials go when its chunks run as separate work items. */
-typedef struct {
-    float *m, *t;  /* [rows, chunks] */
-    vf *a;         /* [rows, chunks, nv] */
-    int64_t chunks;
-} parts_t;
-
-/* Queries i0 .. i1 - 1 of one request (its first query at flat row q0, qlen queries, slen keys
- * at `slots`), every head: for each KV head, its rows PASS_ROWS at a time in (query, head) order,
- * against the key chunks. chunk < 0: every chunk in order, each folded into the rows' running
- * state, then the outputs; chunk >= 0: that chunk alone, its partials into parts (row
- * (i - i0) * h + head). */
-static void attend_queries(const float *q, int64_t q_stride, const cache_t *cache0, float *out,
-                           int64_t q0, int64_t i0, int64_t i1, int64_t qlen, int64_t slen,
-                           int64_t h, int64_t d, float scale, int64_t window, float softcap,
-                           int64_t chunk, const parts_t *parts, pass_t *st) {
-    const int64_t hkv = cache0->hkv, rep = h / hkv;
-    const int nv = (int)(d / LANES);
-    row_t rows[PASS_ROWS], clip[PASS_ROWS];
-    int64_t index[PASS_ROWS];  /* each row's (query, head) number within the item */
-    for (int64_t g = 0; g < hkv; g++) {
-        cache_t c = *cache0;
-        c.g = g;
-        int nr = 0;
-        for (int64_t i = i0; i < i1; i++) {
-            const int64_t pos = slen - qlen + i;
-            const int64_t lo = window > 0 && pos - window + 1 > 0 ? pos - window + 1 : 0;
-            for (int64_t hd = g * rep; hd < (g + 1) * rep; hd++) {
-                index[nr] = (i - i0) * h + hd;
-                rows[nr++] = (row_t){q + (q0 + i) * q_stride + hd * d,
-                                     out + ((q0 + i) * h + hd) * d, lo, pos};
-                if (nr < PASS_ROWS && !(i == i1 - 1 && hd == (g + 1) * rep - 1)) continue;
-                int64_t c0 = chunk, c1 = chunk;  /* the chunks of this pass's keys */
-                if (chunk < 0) {
-                    c0 = rows[0].lo / CHUNK_KEYS;
-                    c1 = rows[nr - 1].hi / CHUNK_KEYS;
-                    for (int r = 0; r < nr; r++) {
-                        c0 = rows[r].lo / CHUNK_KEYS < c0 ? rows[r].lo / CHUNK_KEYS : c0;
-                        c1 = rows[r].hi / CHUNK_KEYS > c1 ? rows[r].hi / CHUNK_KEYS : c1;
-                        st->run_m[r] = -INFINITY;
-                        st->run_t[r] = 0.0f;
-                        for (int e = 0; e < nv; e++) st->run[(size_t)r * nv + e] = (vf){0};
-                    }
-                }
-                for (int64_t ck = c0; ck <= c1; ck++) {
-                    const int64_t ka = ck * CHUNK_KEYS, kb = ka + CHUNK_KEYS - 1;
-                    for (int r = 0; r < nr; r++) {
-                        clip[r] = rows[r];
-                        clip[r].lo = rows[r].lo > ka ? rows[r].lo : ka;
-                        clip[r].hi = rows[r].hi < kb ? rows[r].hi : kb;
-                    }
-                    attend_pass(clip, nr, &c, scale, softcap, st, nv);
-                    for (int r = 0; r < nr; r++) {
-                        const vf *a = st->acc + (size_t)r * 2 * nv;
-                        if (chunk < 0) {
-                            fold(&st->run_m[r], &st->run_t[r], st->run + (size_t)r * nv,
-                                 st->m[r], st->total[r], a, nv);
-                        } else {  /* this chunk's partial, folded later (tandem_paged_attention) */
-                            const int64_t at = index[r] * parts->chunks + ck;
-                            parts->m[at] = st->m[r];
-                            parts->t[at] = st->total[r];
-                            for (int e = 0; e < nv; e++) parts->a[at * nv + e] = a[e];
-                        }
-                    }
-                }
-                if (chunk < 0)
-                    for (int r = 0; r < nr; r++) {
-                        const vf inv = splat(1.0f / st->run_t[r]);
-                        for (int e = 0; e < nv; e++)
-                            store(rows[r].o + e * LANES, st->run[(size_t)r * nv + e] * inv);
-                    }
-                nr = 0;
-            }
-        }
-    }
-}
 
 typedef struct {
     int64_t r, i0, i1, chunk;  /* request, its queries i0 .. i1 - 1, one key chunk (or -1: all) */
@@ -252,10 +114,9 @@ int tandem_paged_attention(const float *q, int64_t q_stride, const void *k_cache
         }
     }
     part_at[num_reqs] = split_rows;
-    /* one pass state per thread: its value sums, the running sums, two tiles of widened rows */
-    const size_t tile_bytes = sizeof(float) * KEY_TILE * (size_t)d;
-    const size_t pass_bytes = (sizeof(pass_t) + sizeof(vf) * 3 * PASS_ROWS * (size_t)nv
-                               + 2 * tile_bytes + 63) / 64 * 64;
+    /* one pass state per thread: its value sums and the running sums */
+    const size_t pass_bytes = (sizeof(pass_t) + sizeof(vf) * 3 * PASS_ROWS * (size_t)nv + 63)
+                              / 64 * 64;
     char *state = scratch(0, pass_bytes * (size_t)nt);
     vf *pa = scratch(1, sizeof(vf) * (size_t)(split_rows * nv) + sizeof(float) * 2
                         * (size_t)split_rows + 64);
@@ -267,8 +128,6 @@ int tandem_paged_attention(const float *q, int64_t q_stride, const void *k_cache
     for (int t = 0; t < nt; t++) {
         pass_t *st = (pass_t *)(state + pass_bytes * (size_t)t);
         st->run = st->acc + 2 * PASS_ROWS * nv;
-        st->kt = (float *)((char *)st + pass_bytes - 2 * tile_bytes);
-        st->vt = st->kt + KEY_TILE * d;
     }
     const cache_t cache = {(const char *)k_cache, (const char *)v_cache, NULL, hkv, 0,
                            kv_row_bytes(kv_type, d), kv_type};

@@ -3,7 +3,7 @@
  * float16, fp8 e4m3 (torch's float8_e4m3fn, saturating at +-448), fp8 e5m2, or q8_0 (per 32
  * numbers a float16 scale d = max|x| / 127 and 32 int8 round(x / d)). kv_store_row rounds as
  * torch's conversions do (to nearest, ties to even), so both paths write the same bytes, and
- * kv_load_row widens a row to float32 exactly, LANES numbers at a time in registers. */
+ * kv_vec widens LANES numbers of a row to float32 exactly, in registers. */
 #ifndef TANDEM_KV_FORMAT_H
 #define TANDEM_KV_FORMAT_H
 #include <math.h>
@@ -170,41 +170,35 @@ static inline __attribute__((always_inline)) vf fp8_to_f32(vi v, int mbits, int 
     return (vf)out;
 }
 
-/* Row src (d numbers of `type`) widened to float32 into out [d]. */
-static inline __attribute__((always_inline)) void kv_load_row(int type, const void *src,
-                                                               float *out, int64_t d) {
-    const uint8_t *s = (const uint8_t *)src;
-    int64_t i = 0;
+/* Numbers e * LANES .. e * LANES + LANES - 1 of a row of `type` at s, widened to float32 exactly,
+ * in registers (a q8_0 block of 32 holds 32 / LANES of them). type is a constant where inlined. */
+static inline __attribute__((always_inline)) vf kv_vec(int type, const uint8_t *s, int64_t e) {
+    const int64_t n = e * LANES;
     switch (type) {
-    case KV_F32: memcpy(out, s, (size_t)d * 4); return;
-    case KV_BF16:
-        for (; i + LANES <= d; i += LANES) store(out + i, (vf)(widen16(s + 2 * i) << 16));
-        return;
-    case KV_F16:
-#if defined(__AVX512F__)
-        for (; i + 16 <= d; i += 16)
-            _mm512_storeu_ps(out + i,
-                             _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(s + 2 * i))));
-#elif defined(__F16C__) && defined(__AVX__)
-        for (; i + 8 <= d; i += 8)
-            _mm256_storeu_ps(out + i,
-                             _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + 2 * i))));
+    case KV_F32: return load((const float *)s + n);
+    case KV_BF16: return (vf)(widen16(s + 2 * n) << 16);
+    case KV_F16: {
+#if defined(__AVX512F__) && LANES == 16
+        return (vf)_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(s + 2 * n)));
+#elif defined(__F16C__) && defined(__AVX__) && LANES == 8
+        return (vf)_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + 2 * n)));
+#else
+        vf r;
+        for (int l = 0; l < LANES; l++) r[l] = f16_at(s + 2 * (n + l));
+        return r;
 #endif
-        for (; i < d; i++) out[i] = f16_at(s + 2 * i);
-        return;
-    case KV_FP8_E4M3: case KV_FP8_E5M2:
-        for (; i + LANES <= d; i += LANES) {
-            const vi b = widen8(s + i, 0);
-            store(out + i, type == KV_FP8_E4M3 ? fp8_to_f32(b, 3, 7) : fp8_to_f32(b, 2, 15));
-        }
-        return;
-    case KV_Q8_0:
-        for (int64_t blk = 0; blk < d / 32; blk++, s += 34) {
-            const vf dv = splat(f16_at(s));
-            for (int j = 0; j < 32; j += LANES)
-                store(out + 32 * blk + j, __builtin_convertvector(widen8(s + 2 + j, 1), vf) * dv);
-        }
-        return;
     }
+    case KV_FP8_E4M3: return fp8_to_f32(widen8(s + n, 0), 3, 7);
+    case KV_FP8_E5M2: return fp8_to_f32(widen8(s + n, 0), 2, 15);
+    default: {  /* KV_Q8_0: the block's int8 numbers times its scale */
+        const uint8_t *blk = s + n / 32 * 34;
+        return __builtin_convertvector(widen8(blk + 2 + n % 32, 1), vf) * splat(f16_at(blk));
+    }
+    }
+}
+
+/* Row src (d numbers of `type`, d a multiple of LANES) widened to float32 into out [d]. */
+static inline void kv_load_row(int type, const void *src, float *out, int64_t d) {
+    for (int64_t e = 0; e < d / LANES; e++) store(out + e * LANES, kv_vec(type, src, e));
 }
 #endif
