@@ -68,11 +68,18 @@ static inline void tile_head(pass_t *st, const cache_t *c, int64_t t0, int64_t a
 static inline void tile_prefetch(const cache_t *c, int64_t n0, int64_t n1, int h, int ng) {
     if (n0 > n1) return;
     const int64_t per_key = (ng * c->rb + 63) / 64, lines = (n1 - n0 + 1) * per_key;
-    for (int64_t l = lines * h / ng; l < lines * (h + 1) / ng; l++) {
-        const int64_t off = (c->slots[n0 + l / per_key] * c->hkv + c->g) * c->rb
-                            + l % per_key * 64;
-        __builtin_prefetch(c->k + off, 0, 3);
-        __builtin_prefetch(c->v + off, 0, 3);
+    const int64_t l0 = lines * h / ng, l1 = lines * (h + 1) / ng;
+    int64_t j = n0 + l0 / per_key, l = l0 % per_key * 64, n = l1 - l0;  /* key j, byte l */
+    const char *k = c->k + (c->slots[j] * c->hkv + c->g) * c->rb;
+    const char *v = c->v + (k - c->k);
+    for (; n > 0; n--) {
+        __builtin_prefetch(k + l, 0, 3);
+        __builtin_prefetch(v + l, 0, 3);
+        if ((l += 64) == per_key * 64 && n > 1) {
+            l = 0, j++;
+            k = c->k + (c->slots[j] * c->hkv + c->g) * c->rb;
+            v = c->v + (k - c->k);
+        }
     }
 }
 
