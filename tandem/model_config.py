@@ -7,6 +7,8 @@ without importing the engine's configuration back.
 
 from __future__ import annotations
 
+import logging
+import os
 from dataclasses import dataclass
 from typing import Any, Optional, Union
 
@@ -14,6 +16,10 @@ import torch
 
 from tandem.loader.hf_config import load_hf_config
 from tandem.loader.model_source import resolve_model
+
+logger = logging.getLogger("tandem")
+# vLLM's switch for a max_model_len past the model's own (positions it was never trained on)
+ALLOW_LONG_ENV = "VLLM_ALLOW_LONG_MAX_MODEL_LEN"
 
 _DTYPES = {
     "half": torch.float16, "float16": torch.float16, "bfloat16": torch.bfloat16,
@@ -88,10 +94,16 @@ class ModelConfig:
         elif max_model_len < 1:
             raise ValueError(f"{field_prefix}max_model_len must be at least 1, got {max_model_len}.")
         elif max_model_len > derived:
-            raise ValueError(
-                f"User-specified {field_prefix}max_model_len ({max_model_len}) is greater than the "
-                f"derived max_model_len (max_position_embeddings={derived} in the model's config). "
-                f"Use max_model_len <= {derived}.")
+            if os.environ.get(ALLOW_LONG_ENV, "0").strip().lower() not in ("1", "true"):
+                raise ValueError(
+                    f"User-specified {field_prefix}max_model_len ({max_model_len}) is greater "
+                    f"than the derived max_model_len (max_position_embeddings={derived} in the "
+                    f"model's config). Use max_model_len <= {derived}, or set the env var "
+                    f"{ALLOW_LONG_ENV}=1 to allow it (positions past the model's own give "
+                    f"untrained attention: for measuring, not for quality).")
+            logger.warning("%smax_model_len %d is past the model's %d (%s=1): positions beyond "
+                           "it were never trained", field_prefix, max_model_len, derived,
+                           ALLOW_LONG_ENV)
         gguf = str(source.gguf_file) if source.gguf_file else None
         if tokenizer is not None:  # a Hub id resolves like a model: cache, then bundled copy
             tok = resolve_model(tokenizer, revision=None)

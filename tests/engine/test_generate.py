@@ -189,6 +189,20 @@ def test_bad_requests_leave_the_engine_working(tiny_llama):
     assert llm.llm_engine.num_free_kv_blocks() == free
 
 
+def test_long_max_model_len_only_when_asked(tiny_llama, monkeypatch):
+    """vLLM's VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 lets max_model_len pass the model's own (512 here),
+    and the positions past it run; without it the error names the variable."""
+    with pytest.raises(ValueError, match="VLLM_ALLOW_LONG_MAX_MODEL_LEN=1"):
+        LLM(tiny_llama, max_model_len=700)
+    monkeypatch.setenv("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "1")
+    llm = LLM(tiny_llama, max_model_len=700)
+    assert llm.llm_engine.model_config.max_model_len == 700
+    out = llm.generate({"prompt_token_ids": [5] * 600},
+                       SamplingParams(temperature=0, max_tokens=4, ignore_eos=True),
+                       use_tqdm=False)[0]
+    assert len(out.outputs[0].token_ids) == 4
+
+
 def test_config_errors_name_the_field(tiny_llama, tmp_path):
     with pytest.raises(ValueError, match=r"max_model_len \(100000\) is greater than"):
         LLM(tiny_llama, max_model_len=100000)
