@@ -70,6 +70,9 @@ class SpecDecodeRequestStats:
 
 @dataclass
 class CompletionOutput:
+    """One completion so far. In the running outputs of `tandem serve`'s API process the lists
+    (token ids, logprobs, origins, rejected ids) are read-only `PrefixView` sequences, taken in
+    O(1) each step; a finished output and the offline engine's outputs carry lists."""
     index: int
     text: str
     token_ids: list[int]

@@ -18,6 +18,7 @@ import functools
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Optional, Sequence, Union
 
+from tandem.engine.prefix_view import PrefixView
 from tandem.outputs import CompletionOutput, Logprob, RequestOutput, SpecDecodeRequestStats
 
 if TYPE_CHECKING:
@@ -190,28 +191,41 @@ class _Completion:
 
     def apply(self, d: CompletionDelta) -> None:
         self.text = self.text[:d.text_start] + d.text
-        del self.token_ids[d.token_start:]
-        self.token_ids += d.token_ids
+        self.token_ids = _extend(self.token_ids, d.token_start, d.token_ids)
         self.cumulative_logprob = d.cumulative_logprob
         if d.logprobs is not None:
-            self.logprobs = (self.logprobs or [])[:d.token_start]
-            self.logprobs += [_logprobs(e) or {} for e in d.logprobs]
+            self.logprobs = _extend(self.logprobs or [], d.token_start,
+                                    [_logprobs(e) or {} for e in d.logprobs])
         self.finish_reason, self.stop_reason = d.finish_reason, d.stop_reason
         self.spec_stats = d.spec_stats
-        del self.origins[d.token_start:]
-        self.origins += d.origins  # once per token, not per snapshot
-        del self.rejected[d.token_start:]
-        self.rejected += d.rejected_draft_ids
+        self.origins = _extend(self.origins, d.token_start, d.origins)  # once per token
+        self.rejected = _extend(self.rejected, d.token_start, d.rejected_draft_ids)
 
-    def snapshot(self) -> CompletionOutput:
+    def snapshot(self, final: bool) -> CompletionOutput:
+        """The lists as views of what they hold now (O(1)); a final output, after which nothing
+        is applied, takes the lists themselves."""
         stats = None
         if self.spec_stats is not None:
             steps, drafted, accepted, hist = self.spec_stats
             stats = SpecDecodeRequestStats(steps, drafted, accepted, list(hist))
+        seq = _same if final else PrefixView
         return CompletionOutput(
-            self.index, self.text, list(self.token_ids), self.cumulative_logprob,
-            None if self.logprobs is None else list(self.logprobs), self.finish_reason,
-            self.stop_reason, stats, list(self.origins), list(self.rejected))
+            self.index, self.text, seq(self.token_ids), self.cumulative_logprob,
+            None if self.logprobs is None else seq(self.logprobs), self.finish_reason,
+            self.stop_reason, stats, seq(self.origins), seq(self.rejected))
+
+
+def _extend(items: list, start: int, new: list) -> list:
+    """`items[:start] + new`, appending in place: the lists only grow, so views taken earlier
+    stay true; a delta that starts earlier (never sent today) gets a new list instead."""
+    if start < len(items):
+        items = items[:start]
+    items += new
+    return items
+
+
+def _same(items: list) -> list:
+    return items
 
 
 @dataclass
@@ -223,8 +237,8 @@ class _Request:
 
 
 class OutputAssembler:
-    """API side: deltas back into cumulative RequestOutputs, each a fresh snapshot (its lists are
-    copies), so a consumer may hold one while later deltas arrive."""
+    """API side: deltas back into cumulative RequestOutputs. A consumer may hold one while later
+    deltas arrive: its lists are `PrefixView`s of what they held when it was built."""
 
     def __init__(self) -> None:
         self._requests: dict[str, _Request] = {}
@@ -251,8 +265,8 @@ class OutputAssembler:
         if d.prompt_token_ids is not None:
             req.prompt_token_ids = d.prompt_token_ids
         if d.prompt_logprobs is not None:
-            req.prompt_logprobs = (req.prompt_logprobs or [])[:d.prompt_logprobs_start]
-            req.prompt_logprobs += [_logprobs(e) for e in d.prompt_logprobs]
+            req.prompt_logprobs = _extend(req.prompt_logprobs or [], d.prompt_logprobs_start,
+                                          [_logprobs(e) for e in d.prompt_logprobs])
         for c in d.completions:
             req.completions.setdefault(c.index, _Completion(c.index)).apply(c)
         if d.finished:
@@ -261,8 +275,9 @@ class OutputAssembler:
 
 
 def _snapshot(d: OutputDelta, req: _Request) -> RequestOutput:
+    plp = req.prompt_logprobs
     return RequestOutput(
         d.request_id, req.prompt, req.prompt_token_ids,
-        None if req.prompt_logprobs is None else list(req.prompt_logprobs),
-        [c.snapshot() for c in req.completions.values()], d.finished, d.num_cached_tokens,
-        d.error)
+        None if plp is None else plp if d.finished else PrefixView(plp),
+        [c.snapshot(d.finished) for c in req.completions.values()], d.finished,
+        d.num_cached_tokens, d.error)

@@ -4,6 +4,7 @@ the engine's cumulative outputs, aborts, errors and metrics snapshots."""
 from __future__ import annotations
 
 import copy
+import tracemalloc
 
 import pytest
 
@@ -11,6 +12,7 @@ from tandem.engine.core_messages import (AbortRequests, AddRequest, AddResult,
                                          EngineCoreOutputs, FrameBuffer, Ready, Shutdown,
                                          StartupFailed, UtilityCall, UtilityResult, encode_frame)
 from tandem.engine.output_deltas import DeltaEncoder, OutputAssembler, OutputDelta
+from tandem.engine.prefix_view import PrefixView
 from tandem.metrics import Histogram, Metric, Vector
 from tandem.outputs import CompletionOutput, Logprob, RequestOutput, SpecDecodeRequestStats
 from tandem.sampling_params import SamplingParams
@@ -131,6 +133,52 @@ def test_an_assembler_snapshot_is_not_changed_by_later_deltas() -> None:
     kept = copy.deepcopy(held)
     assembler.apply(encoder.encode(snaps[1]))
     assert held == kept
+
+
+def test_a_snapshot_costs_the_same_however_long_the_output() -> None:
+    """A streaming reader takes a snapshot every step: copying the lists into each would cost
+    O(length) a step (issue 45). Snapshots of a 50,000-token output allocate no more than those
+    of a 50-token one, and only the final output carries the lists themselves."""
+    def allocated(length: int) -> tuple[int, RequestOutput]:
+        encoder, assembler = DeltaEncoder(), OutputAssembler()
+        assembler.add("r", [1])
+        toks = list(range(length))
+        out = RequestOutput("r", None, [1], None, [CompletionOutput(
+            0, "x", toks, None, None, token_origins=["target"] * length,
+            rejected_draft_ids=[None] * length)], finished=False)
+        take = assembler.apply_lazily(encoder.encode(out))
+        tracemalloc.start()
+        held = [take() for _ in range(20)]
+        size = tracemalloc.get_traced_memory()[0]
+        tracemalloc.stop()
+        return size, held[-1]
+
+    short, _ = allocated(50)
+    long_, snap = allocated(50_000)
+    assert long_ < 2 * short + 4096, (short, long_)  # a copy each would be 20 x 3 x 400 KB
+    o = snap.outputs[0]
+    assert len(o.token_ids) == 50_000 and o.token_ids[-3:] == [49_997, 49_998, 49_999]
+    assert o.token_origins[49_999:] == ["target"] and not isinstance(o.token_ids, list)
+    final = _snapshots()
+    encoder, assembler = DeltaEncoder(), OutputAssembler()
+    assembler.add("r", [1, 2, 3])
+    last = [assembler.apply(encoder.encode(out)) for out in final][-1]
+    assert all(type(c.token_ids) is list and type(c.token_origins) is list
+               and type(c.logprobs) is list for c in last.outputs)
+    assert type(last.prompt_logprobs) is list
+
+
+def test_a_prefix_view_reads_as_the_list_it_was_taken_from() -> None:
+    items = [1, 2, 3, 4]
+    view = PrefixView(items)
+    items += [5, 6]  # the owner appends after the view was taken
+    assert len(view) == 4 and list(view) == [1, 2, 3, 4] and view == [1, 2, 3, 4]
+    assert view[1:] == [2, 3, 4] and view[-2:] == [3, 4] and view[::-1] == [4, 3, 2, 1]
+    assert view[10:] == [] and view[-1] == 4 and view != [1, 2, 3, 4, 5] and view + [9] == [
+        1, 2, 3, 4, 9]
+    with pytest.raises(IndexError):
+        view[4]
+    assert repr(view) == "[1, 2, 3, 4]" and not PrefixView([])
 
 
 def test_a_text_prompt_gets_its_ids_from_the_first_delta_and_aborts_are_forgotten() -> None:
