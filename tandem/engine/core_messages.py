@@ -8,7 +8,10 @@ everything that turn produced: the answers to admissions, every request's new ou
 Batching a step's outputs into one message keeps the channel's cost per step, not per request.
 
 Frames are a 4-byte little-endian length and a pickle of plain dataclasses (both ends are our own
-processes on one machine, over a socketpair nobody else holds).
+processes on one machine, over a socketpair nobody else holds), except that the output deltas,
+most of what crosses, travel as one msgspec MessagePack array inside it: at 16 streams a step's
+frame is encoded in 4 us and decoded in 9, where a pickle of them took 30 and 39 (Intel Xeon
+6/167, benchmarks/bench_channel_codec.py).
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ import pickle
 import struct
 from dataclasses import dataclass, field
 from typing import Any, Optional, Union
+
+import msgspec
 
 from tandem.engine.output_deltas import OutputDelta
 from tandem.sampling_params import SamplingParams
@@ -90,6 +95,20 @@ class EngineCoreOutputs:
     def __bool__(self) -> bool:
         return bool(self.added or self.outputs or self.metrics is not None or self.utility
                     or self.dead)
+
+    def __reduce__(self) -> tuple:
+        # the deltas, a message's bulk, as one MessagePack array inside the pickle
+        return (_outputs_from_wire, (self.added, _DELTAS_OUT.encode(self.outputs), self.metrics,
+                                     self.utility, self.dead))
+
+
+_DELTAS_OUT = msgspec.msgpack.Encoder()
+_DELTAS_IN = msgspec.msgpack.Decoder(list[OutputDelta])
+
+
+def _outputs_from_wire(added: list[AddResult], deltas: bytes, metrics: Optional[list],
+                       utility: list[UtilityResult], dead: Optional[str]) -> EngineCoreOutputs:
+    return EngineCoreOutputs(added, _DELTAS_IN.decode(deltas), metrics, utility, dead)
 
 
 @dataclass(frozen=True)
