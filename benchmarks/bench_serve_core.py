@@ -36,7 +36,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import httpx
 from sse_client import concurrent_streams
@@ -137,10 +137,10 @@ def channel_cost(steps: int = 2000) -> dict[str, float]:
 
 
 def _start(repo: Path, model: str, max_model_len: int, env: dict[str, str], port: int,
-           log: Path) -> subprocess.Popen:
+           log: Path, extra: Sequence[str] = ()) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "tandem", "serve", model, "--port", str(port), "--host",
            "127.0.0.1", "--max-model-len", str(max_model_len), "--disable-log-stats",
-           "--uvicorn-log-level", "warning", "--disable-uvicorn-access-log"]
+           "--uvicorn-log-level", "warning", "--disable-uvicorn-access-log", *extra]
     full_env = {**os.environ, "PYTHONPATH": str(repo), **env}
     proc = subprocess.Popen(cmd, env=full_env, stdout=log.open("w"), stderr=subprocess.STDOUT,
                             cwd=str(repo))

@@ -8,7 +8,11 @@ server is measured): output tokens/s, the ratio served/offline, and the CPU time
 of the API process and of the engine core process (from /proc). The API's per-token cost should
 not grow with the output's length.
 
+With --peer-url the same client also runs each level against another server (llama-server:
+`python benchmarks/llama_cpp/peer.py server smollm2-q4_1 --parallel 256 --ctx-per-slot 2304`).
+
   python benchmarks/bench_serve_scale.py [--streams 1 16 64] [--lengths 128 2048] [--no-stream-too]
+                                         [--peer-url http://127.0.0.1:8090]
 """
 
 from __future__ import annotations
@@ -32,6 +36,9 @@ def main() -> None:
     p.add_argument("--streams", type=int, nargs="+", default=[1, 16, 64])
     p.add_argument("--lengths", type=int, nargs="+", default=[128, 2048])
     p.add_argument("--no-stream-too", action="store_true")
+    p.add_argument("--peer-url", default=None,
+                   help="another server (e.g. llama-server from llama_cpp/peer.py server) that "
+                        "the same client also measures at each level")
     p.add_argument("--port", type=int, default=8312)
     p.add_argument("--repo", default=str(ROOT))
     args = p.parse_args()
@@ -61,12 +68,20 @@ def main() -> None:
                            "ratio": lv["output_tokens_per_s"] / offline,
                            "api_cpu_us_per_token": lv["api_cpu_us_per_token"],
                            "engine_cpu_us_per_token": lv["engine_cpu_us_per_token"]}
+                    if args.peer_url:
+                        peer = asyncio.run(_level(args.peer_url.rstrip("/") + "/v1", "peer",
+                                                  texts, c, ns, None, _NoBar(),
+                                                  server_pid_applies=False))
+                        row["peer_tok_s"] = peer["output_tokens_per_s"]
+                        row["over_peer"] = row["served_tok_s"] / row["peer_tok_s"]
                     rows.append(row)
                     print(f"{n:5d} tokens x {c:3d} {'streams' if stream else 'whole  '}: served "
                           f"{row['served_tok_s']:7.1f} tok/s, offline {offline:7.1f} "
                           f"({row['ratio']:.2f}x); CPU per token: API "
                           f"{row['api_cpu_us_per_token']:.0f} us, engine "
-                          f"{row['engine_cpu_us_per_token']:.0f} us", flush=True)
+                          f"{row['engine_cpu_us_per_token']:.0f} us" + (
+                              f"; peer {row['peer_tok_s']:7.1f} tok/s ({row['over_peer']:.2f}x)"
+                              if args.peer_url else ""), flush=True)
     finally:
         _stop(proc)
     print(save("serve-scale", {"model": args.model, "rows": rows}))

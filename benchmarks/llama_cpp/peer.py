@@ -229,11 +229,11 @@ def server(args) -> None:
     model = make_files().get(args.file) or Path(args.file)
     log = CACHE / f"llama-server-{args.port}.log"
     # 16 slots so 16 concurrent streams all decode; 512 context tokens per slot is plenty for
-    # the 64-in/64-out requests of the serving benchmarks.
+    # the 64-in/64-out requests of the serving benchmarks (--ctx-per-slot for longer outputs).
     proc = subprocess.Popen(
         [str(llama_bin() / "llama-server"), "-m", str(model), "-t", str(args.threads),
          "--host", "127.0.0.1", "--port", str(args.port), "-np", str(args.parallel),
-         "-c", str(512 * args.parallel)],
+         "-c", str(args.ctx_per_slot * args.parallel)],
         stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{args.port}"
     for _ in range(240):  # loading takes a few seconds; /health says 200 once ready
@@ -303,6 +303,7 @@ def main() -> None:
     s.add_argument("file", help="a label from files.py or a GGUF path")
     s.add_argument("--port", type=int, default=8090)
     s.add_argument("--parallel", type=int, default=16, help="server slots (concurrent streams)")
+    s.add_argument("--ctx-per-slot", type=int, default=512, help="context tokens of each slot")
     s.add_argument("--threads", type=int, default=2)
     s.set_defaults(func=server)
     s = sub.add_parser("spec", help="llama-speculative-simple on a target/draft pair")
