@@ -8,7 +8,8 @@ resident memory (the API process and its children: the engine core) is sampled e
 another client streams --probe-tokens tokens at the start, middle and end of the pause, against
 the same stream measured before. Then the slow reader reads on, and says whether its stream
 ended with [DONE], an error event, or a closed connection. A stream of the full length runs
-first, so that the KV cache's pages are resident before the memory is sampled; with --control the
+first (--warmups of them, over a KV budget of --kv-cache), so that every KV block's pages are
+resident before the memory is sampled; with --control the
 reader reads as the stream comes (the same run without the stall: what the other stream's rate
 is to be compared with).
 
@@ -83,7 +84,7 @@ def _drain(s: socket.socket, timeout_s: float) -> str:
                 break
     except socket.timeout:
         return "still open after the pause"
-    if b'"error"' in data:
+    if b'data: {"error"' in data:  # an error event (a token's text may be "error" itself)
         return "an error event"
     return "[DONE]" if b"data: [DONE]" in data else "closed by the server"
 
@@ -95,6 +96,10 @@ def main() -> None:
     p.add_argument("--tokens", type=int, default=4096)
     p.add_argument("--pause", type=float, default=60.0)
     p.add_argument("--probe-tokens", type=int, default=256)
+    p.add_argument("--kv-cache", default="256MiB",
+                   help="the KV budget (SmolLM2: about 11k tokens in 256 MiB), used up by "
+                        "--warmups streams before memory is sampled")
+    p.add_argument("--warmups", type=int, default=3)
     p.add_argument("--port", type=int, default=8311)
     p.add_argument("--control", action="store_true",
                    help="the same run with a reader that reads as the stream comes (what "
@@ -102,12 +107,15 @@ def main() -> None:
     args = p.parse_args()
     url = f"http://127.0.0.1:{args.port}"
     log = Path("/tmp/bench_slow_reader.log")
-    proc = _start(Path(args.repo), args.model, args.tokens + 256, {}, args.port, log)
+    proc = _start(Path(args.repo), args.model, args.tokens + 256, {}, args.port, log,
+                  ["--kv-cache-memory-bytes", args.kv_cache])
     try:
-        # One stream of the full length first: the KV cache's pages are touched (resident) on
-        # first use, which is the engine's memory, not the reader's; the blocks freed are the
-        # ones the measured stream gets back.
-        _probe(url, args.tokens)
+        # Streams of the full length first, until every KV block has been used once: the KV
+        # cache's pages become resident on first use (the engine's memory, not the reader's),
+        # and a freed block goes to the back of the free queue, so one warm-up stream is not
+        # enough for the measured stream to get touched blocks back.
+        for _ in range(args.warmups):
+            _probe(url, args.tokens)
         before = _probe(url, args.probe_tokens)
         time.sleep(2)
         api0, core0 = _rss_mb(proc.pid)
