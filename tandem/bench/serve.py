@@ -9,7 +9,7 @@ engine core) spent per output token at each level: what the API side costs, apar
 engine.
 With --peer-url, the same client runs against a second server (llama-server, vLLM) at each level
 in turn, and the ratios ours/peer are printed. The client is lean (`http_post.py`: raw HTTP/1.1 on
-asyncio streams, 165-187 us of CPU per streamed token at one stream where httpx took 520), since
+asyncio streams, 209-214 us of CPU per streamed token at one stream where httpx took 520), since
 it shares the machine with the server it measures.
 """
 
