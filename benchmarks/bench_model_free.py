@@ -5,7 +5,7 @@ decoding (drafting off, `Drafting.set_policy(0)`), the method, and plain again o
 and each ratio is the method's rate over the mean of the two plain runs of its round; the figure
 is the median over rounds, of the decode rate (after each request's first token: what drafting
 changes) and of the rate end to end (prefills included). Workloads: the repetition-heavy
-prompts of `benchmarks/workloads/` (one stream, and all 13 at once), and the free-text prompts
+prompts of `benchmarks/workloads/` (one stream, and all 16 at once), and the free-text prompts
 of ../shared/data/prompts.jsonl (one stream); with `--mixed`, the two in turn, one stream, for
 the combination (`draft+suffix`: Gemma 3 drafted by SmolLM2 with suffix lookups first, against
 `draft` and `suffix` alone). Greedy, `ignore_eos`, `--max-tokens` each.
@@ -139,6 +139,8 @@ def main() -> None:
                          "prompt at once, each a distinct one)")
     ap.add_argument("--mixed", action="store_true",
                     help="only the mixed workload (for draft, draft+suffix and suffix on gemma3)")
+    ap.add_argument("--batched-only", action="store_true",
+                    help="only the batched repetitive run (every prompt at once)")
     ap.add_argument("--num-free", type=int, default=8, help="free-text prompts")
     ap.add_argument("--keep-suffix-cache", action="store_true")
     args = ap.parse_args()
@@ -159,8 +161,9 @@ def main() -> None:
                 mixed = [p for pair in zip(repetitive, free) for p in pair]
                 workloads = [("mixed", mixed, 1)]
             else:
-                workloads = [("repetitive", repetitive, 1), ("free text", free, 1),
-                             ("repetitive", repetitive, args.streams or len(repetitive))]
+                batched = ("repetitive", repetitive, args.streams or len(repetitive))
+                workloads = [batched] if args.batched_only else [
+                    ("repetitive", repetitive, 1), ("free text", free, 1), batched]
             for workload, prompts, streams in workloads:
                 row = measure(llm, config["num_speculative_tokens"], prompts, params, streams,
                               args.rounds, args.keep_suffix_cache)

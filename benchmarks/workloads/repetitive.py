@@ -18,22 +18,24 @@ Writes two files, one per bundled model, because the two need different prompt f
 
 One JSON object a line: {"id": ..., "kind": ..., "prompt": ...}. The prompt is the plain text
 to pass to `LLM.generate` (strings: the engine's tokenizer adds Gemma's `<bos>`; SmolLM2's chat
-template already starts with its BOS, `<|im_start|>`). Kinds, 13 prompts per model:
+template already starts with its BOS, `<|im_start|>`). Kinds, 16 prompts per model (13 until
+2026-12-05; rebuilding keeps the rows a file already has, so a new item only adds its own):
 
-  code  (3) a real code file to rewrite with one small change (a renamed variable). Sources:
+  code  (4) a real code file to rewrite with one small change (a renamed variable). Sources:
         functions from CPython 3.11's standard library, read from the .py files of the
         interpreter running this script: `bisect.py` (bisect_right, insort_right),
-        `textwrap.py` (dedent, indent), `heapq.py` (_siftdown, _siftup). License: Python
+        `textwrap.py` (dedent, indent), `heapq.py` (_siftdown, _siftup), `shlex.py` (split,
+        join, quote). License: Python
         Software Foundation License Version 2 (PSF-2.0, permissive; see CPython's LICENSE).
   quote (4) a public-domain passage and a question answered by quoting it: the Gettysburg
         Address (Lincoln, 1863, Bliss copy), the opening of the US Declaration of Independence
         (1776), the opening of Melville's Moby-Dick (1851), the opening of Austen's Pride and
         Prejudice (1813); typed from memory for this file (small wording slips do not matter:
         the answer copies the prompt's text, not the original).
-  json  (3) a JSON object of 16-24 fields (written for this file), to be regenerated with one
+  json  (4) a JSON object of 16-24 fields (written for this file), to be regenerated with one
         field changed.
-  self  (3) the agent-loop case: a first request (write a palindrome check; an office-closure
-        email; explain a hash table), the model's own greedy answer to it (made here with the
+  self  (4) the agent-loop case: a first request (write a palindrome check; an office-closure
+        email; explain a hash table; five study tips), the model's own greedy answer to it (made here with the
         engine: temperature 0, 128 tokens, cut where it starts looping, see `trim_loop`), then
         a request to repeat that answer with one edit (rename a function, Monday -> Tuesday,
         "hash table" -> "hash map"). SmolLM2 gets a real second chat turn; Gemma gets
@@ -56,6 +58,7 @@ import heapq
 import json
 import os
 import re
+import shlex
 import sys
 import textwrap
 from pathlib import Path
@@ -95,6 +98,8 @@ CODE = [
          text=lambda: _src(textwrap, "dedent", "indent")),
     dict(id="code-heapq", file="heapq.py", old="newitem", new="new_item",
          text=lambda: _src(heapq, "_siftdown", "_siftup")),
+    dict(id="code-shlex", file="shlex.py", old="lex", new="lexer",
+         text=lambda: _src(shlex, "split", "join", "quote")),
 ]
 
 
@@ -231,6 +236,16 @@ JSON = [
         "stovetop_compatible": ["gas", "electric", "induction"], "dishwasher_safe": False,
         "warranty_years": 2, "rating": 4.6, "review_count": 312,
         "tags": ["kettle", "tea", "enamel", "whistling"], "release_date": "2023-09-01"}),
+    dict(id="json-order", field="status", value="shipped", obj={
+        "order_id": "SO-2024-118734", "customer_id": 77120, "status": "packed",
+        "placed_at": "2024-10-28T14:03:11Z", "currency": "EUR", "subtotal": 86.4,
+        "shipping": 4.9, "tax": 18.17, "total": 109.47, "payment_method": "card",
+        "card_last4": "4421", "items": [{"sku": "BK-1142", "qty": 2, "price": 18.5},
+                                        {"sku": "MG-0907", "qty": 1, "price": 49.4}],
+        "shipping_address": {"name": "Jonas Weber", "street": "Lindenstrasse 12",
+                             "city": "Leipzig", "postcode": "04109", "country": "DE"},
+        "carrier": "DHL", "tracking_number": None, "gift_wrap": False,
+        "notes": "Leave at the door.", "loyalty_points": 86}),
 ]
 
 
@@ -253,6 +268,10 @@ SELF = [
          chat="Explain what a hash table is in a few sentences.",
          completion="A hash table is",
          edits=[("hash table", "hash map")]),
+    dict(id="self-study-tips",
+         chat="List five tips for staying focused while studying.",
+         completion="Study tips:\n\n1. Put your phone in another room while studying.\n2.",
+         edits=[("studying", "working"), ("study", "work"), ("focus", "concentrate")]),
 ]
 
 
@@ -385,8 +404,11 @@ def main() -> None:
     ap.add_argument("--out-dir", type=Path, default=HERE)
     args = ap.parse_args()
     for key in args.models:
-        rows = build(key)
         path = args.out_dir / f"repetitive_{key}.jsonl"
+        kept = {}
+        if path.exists():  # the fixed set: a rebuilt `self` answer could differ slightly
+            kept = {r["id"]: r for r in map(json.loads, path.read_text().splitlines()) if r}
+        rows = [kept.get(r["id"], r) for r in build(key)]
         path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
         print(f"wrote {path} ({len(rows)} prompts)")
 
