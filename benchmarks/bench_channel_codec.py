@@ -16,9 +16,9 @@ import pickle
 import statistics
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, make_dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable
 
 import msgspec
 
@@ -26,44 +26,27 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import save  # noqa: E402
 
 from tandem.engine.core_messages import EngineCoreOutputs, FrameBuffer, encode_frame  # noqa: E402
-from tandem.engine.output_deltas import DeltaEncoder  # noqa: E402
+from tandem.engine.output_deltas import CompletionDelta, DeltaEncoder, OutputDelta  # noqa: E402
 from tandem.outputs import CompletionOutput, Logprob, RequestOutput  # noqa: E402
 
-_Wire = list[tuple[int, float, Optional[int], Optional[str]]]
+
+def _mirror(struct: type) -> type:
+    """A plain dataclass with the Struct's fields: the deltas as they were when the channel was
+    all pickle (module-level, so pickle finds it by name)."""
+    cls = make_dataclass(f"_{struct.__name__}D", [f.name for f in msgspec.structs.fields(struct)])
+    cls.__module__ = __name__
+    globals()[cls.__name__] = cls
+    return cls
 
 
-@dataclass
-class _CompletionDeltaD:  # the deltas as the dataclasses they were when the channel was all pickle
-    index: int
-    text_start: int
-    text: str
-    token_start: int
-    token_ids: list[int]
-    cumulative_logprob: Optional[float]
-    logprobs: Optional[list[_Wire]]
-    finish_reason: Optional[str]
-    stop_reason: Union[int, str, None]
-    spec_stats: Optional[tuple[int, int, int, list[int]]]
-    origins: list[str]
-    rejected_draft_ids: list[Optional[int]]
-
-
-@dataclass
-class _OutputDeltaD:
-    request_id: str
-    finished: bool
-    error: Optional[str]
-    num_cached_tokens: int
-    prompt_token_ids: Optional[list[int]]
-    prompt_logprobs_start: int
-    prompt_logprobs: Optional[list[Optional[_Wire]]]
-    completions: list[_CompletionDeltaD]
+_CompletionDeltaD = _mirror(CompletionDelta)
+_OutputDeltaD = _mirror(OutputDelta)
 
 
 @dataclass
 class _EngineCoreOutputsD:
     added: list
-    outputs: list[_OutputDeltaD]
+    outputs: list
 
 
 def _as_dataclasses(frame: EngineCoreOutputs) -> _EngineCoreOutputsD:

@@ -25,6 +25,8 @@ from pathlib import Path
 
 import httpx
 
+from tandem.bench.http_post import post_json
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_serve_core import _start, _stop  # noqa: E402
 from bench_slow_reader import _rss_mb  # noqa: E402
@@ -32,18 +34,17 @@ from common import ROOT, SMOLLM2, prompts, save  # noqa: E402
 from sse_client import stream_completion  # noqa: E402
 
 
-async def _dropped(host: str, port: int, body: dict) -> None:
-    """A streamed request whose client reads its first chunks and hangs up."""
-    data = json.dumps({**body, "stream": True}).encode()
-    reader, writer = await asyncio.open_connection(host, port)
+async def _dropped(url: str, body: dict) -> None:
+    """A streamed request whose client reads its first lines and hangs up."""
+    r = await post_json(url + "/v1/completions", {**body, "stream": True})
     try:
-        writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json"
-                     b"\r\nContent-Length: %d\r\n\r\n" % (host.encode(), len(data)) + data)
-        await reader.readuntil(b"\r\n\r\n")
-        for _ in range(3):
-            await reader.readline()
+        n = 0
+        async for _ in r.lines():
+            n += 1
+            if n == 3:
+                break
     finally:
-        writer.close()
+        r.close()
 
 
 class _Tally:
@@ -56,31 +57,34 @@ async def _client(i: int, url: str, model: str, texts: list[str], stop_at: float
                   tally: _Tally) -> None:
     rng = random.Random(i)
     host, port = url.split("://", 1)[1].rsplit(":", 1)
-    async with httpx.AsyncClient(timeout=600) as http:
-        n = 0
-        while time.monotonic() < stop_at:
-            n += 1
-            body = {"model": model, "prompt": texts[(i + 16 * n) % len(texts)],
-                    "max_tokens": rng.randint(32, 512), "temperature": 0.8, "seed": n,
-                    "ignore_eos": True}
-            try:
-                if n % 7 == 0:
-                    await _dropped(host, int(port), body)
-                    tally.dropped += 1
-                    continue
-                if n % 5 == 0:
-                    r = await http.post(url + "/v1/completions", json=body)
-                    if r.status_code != 200:
-                        raise RuntimeError(f"HTTP {r.status_code}: {r.text[:200]}")
-                    tokens = r.json()["usage"]["completion_tokens"]
-                else:
-                    _, _, tokens = await stream_completion(host, int(port), body)
-                if tokens != body["max_tokens"]:
-                    raise RuntimeError(f"{tokens} tokens, asked for {body['max_tokens']}")
-                tally.requests += 1
-                tally.tokens += tokens
-            except Exception as e:  # noqa: BLE001 - counted and shown, the soak goes on
-                tally.errors.append(f"{type(e).__name__}: {e}")
+    n = 0
+    while time.monotonic() < stop_at:
+        n += 1
+        body = {"model": model, "prompt": texts[(i + 16 * n) % len(texts)],
+                "max_tokens": rng.randint(32, 512), "temperature": 0.8, "seed": n,
+                "ignore_eos": True}
+        try:
+            if n % 7 == 0:
+                await _dropped(url, body)
+                tally.dropped += 1
+                continue
+            if n % 5 == 0:
+                r = await post_json(url + "/v1/completions", body)
+                try:
+                    answer = await r.read()
+                finally:
+                    r.close()
+                if r.status != 200:
+                    raise RuntimeError(f"HTTP {r.status}: {answer[:200]!r}")
+                tokens = json.loads(answer)["usage"]["completion_tokens"]
+            else:
+                _, _, tokens = await stream_completion(host, int(port), body)
+            if tokens != body["max_tokens"]:
+                raise RuntimeError(f"{tokens} tokens, asked for {body['max_tokens']}")
+            tally.requests += 1
+            tally.tokens += tokens
+        except Exception as e:  # noqa: BLE001 - counted and shown, the soak goes on
+            tally.errors.append(f"{type(e).__name__}: {e}")
 
 
 async def _soak(url: str, model: str, streams: int, seconds: float, every: float, pid: int,
