@@ -3,11 +3,12 @@ speculative-decoding statistics."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Optional, Union
 
 
-@dataclass(slots=True)  # no __dict__: a stream's held logprobs (20 a token) take 30% less memory
+@dataclass(slots=True)  # no __dict__: a third smaller, for dicts built of many
 class Logprob:
     """Log probability of one token, its rank in the distribution (1 = most likely) and its text."""
     logprob: float
@@ -15,8 +16,9 @@ class Logprob:
     decoded_token: Optional[str] = None
 
 
-# One entry per position: token id -> Logprob (the chosen token plus the top-k alternatives).
-SampleLogprobs = list[dict[int, Logprob]]
+# One entry per position: token id -> Logprob (the chosen token plus the top-k alternatives);
+# the engine's are `LogprobRows` (logprob_rows.py), which build each dict when it is read.
+SampleLogprobs = Sequence[dict[int, Logprob]]
 # The first prompt position has no logprob, hence Optional.
 PromptLogprobs = list[Optional[dict[int, Logprob]]]
 
@@ -71,8 +73,9 @@ class SpecDecodeRequestStats:
 @dataclass
 class CompletionOutput:
     """One completion so far. In the running outputs of `tandem serve`'s API process the lists
-    (token ids, logprobs, origins, rejected ids) are read-only `PrefixView` sequences, taken in
-    O(1) each step; a finished output and the offline engine's outputs carry lists."""
+    (token ids, origins, rejected ids) are read-only `PrefixView` sequences, taken in O(1) each
+    step; a finished output and the offline engine's outputs carry lists. Logprobs are always
+    a `LogprobRows` (a running output's: a read-only view of the rows so far)."""
     index: int
     text: str
     token_ids: list[int]

@@ -8,6 +8,7 @@ from typing import Any, Optional, Union
 
 import torch
 
+from tandem.logprob_rows import LogprobRows
 from tandem.outputs import Logprob, SpecDecodeRequestStats
 from tandem.sample.random import SeededRandom
 from tandem.sampling_params import SamplingParams
@@ -87,7 +88,7 @@ class Request:
     # (engine/spec_tracking.py)
     token_origins: list[str] = field(default_factory=list)
     rejected_drafts: list[Optional[int]] = field(default_factory=list)
-    logprobs: list[dict[int, Logprob]] = field(default_factory=list)
+    logprobs: LogprobRows = field(default_factory=LogprobRows)  # flat; dicts built when read
     prompt_logprobs: list[Optional[dict[int, Logprob]]] = field(default_factory=list)
     cumulative_logprob: float = 0.0
     block_hashes: list[bytes] = field(default_factory=list)

@@ -38,6 +38,7 @@ from tandem.engine.core_watchdog import (DEFAULT_STREAM_STALL_TIMEOUT_S, CoreWat
 from tandem.engine.engine_client import EngineClient, EngineDeadError, EngineStepError
 from tandem.engine.output_collector import OutputCollector
 from tandem.engine.output_deltas import OutputAssembler
+from tandem.logprob_rows import TokenTexts
 from tandem.metrics import AnyMetric, with_vllm_names
 from tandem.sampling_params import SamplingParams
 
@@ -78,7 +79,7 @@ class EngineCoreClient(EngineClient):
         self._adds: dict[str, asyncio.Future] = {}
         self._calls: dict[int, asyncio.Future] = {}
         self._call_ids = itertools.count()
-        self._assembler = OutputAssembler()
+        self._assembler = OutputAssembler(None if tokenizer is None else TokenTexts(tokenizer))
         self._aborts: list[str] = []
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._transport: Optional[asyncio.Transport] = None

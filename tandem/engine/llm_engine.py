@@ -33,6 +33,7 @@ from tandem.engine.stop_checker import check_finished
 from tandem.distributed.executor import make_executor
 from tandem.loader.generation_config import sampling_defaults
 from tandem.loader.tokenizer import load_tokenizer
+from tandem.logprob_rows import LogprobRows
 from tandem.metrics import AnyMetric
 from tandem.outputs import RequestOutput, SpecDecodeRequestStats
 from tandem.sample.grammar import GrammarCompiler, GrammarMatcher
@@ -179,7 +180,8 @@ class LLMEngine:
                         eos_token_id=self.eos_token_id, parent_id=group.request_id, index=index,
                         spec_stats=SpecDecodeRequestStats() if self.proposer else None,
                         arrival_time=group.arrival_time,
-                        grammar=self._grammar_matcher(group))
+                        grammar=self._grammar_matcher(group),
+                        logprobs=LogprobRows(self.runner.token_texts))
         group.detoks[child.request_id] = IncrementalDetokenizer(
             self.tokenizer, group.prompt_token_ids, params.stop,
             params.include_stop_str_in_output, params.skip_special_tokens)
@@ -279,9 +281,9 @@ class LLMEngine:
         if req.grammar is not None:
             req.grammar.consume(token)
         lps = result.logprobs.get(req.request_id)
-        if lps is not None:
-            req.logprobs.append(lps[j])
-            req.cumulative_logprob += lps[j][token].logprob
+        if lps is not None:  # row j's first entry is the sampled token
+            req.logprobs.append_row(lps, j)
+            req.cumulative_logprob += lps.chosen_logprob(j)
 
     def _check_stop(self, req: Request) -> Optional[RequestStatus]:
         parent = self._child_parent.get(req.request_id)

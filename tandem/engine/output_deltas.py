@@ -21,13 +21,17 @@ from typing import TYPE_CHECKING, Callable, Optional, Sequence, Union
 import msgspec
 
 from tandem.engine.prefix_view import PrefixView
+from tandem.logprob_rows import LogprobRows
 from tandem.outputs import CompletionOutput, Logprob, RequestOutput, SpecDecodeRequestStats
 
 if TYPE_CHECKING:
     from tandem.engine.request_group import RequestGroup
 
-# (token id, logprob, rank, decoded token) for each entry of a position's logprobs
+# (token id, logprob, rank, decoded token) for each entry of a prompt position's logprobs
 WireLogprobs = list[tuple[int, float, Optional[int], Optional[str]]]
+# sample logprobs: `LogprobRows.tail_bytes` (entries a row, ids, values, ranks), 16 bytes an
+# entry where a tuple a entry was about 150; texts are decoded again on the API side
+WireRows = tuple[bytes, bytes, bytes, bytes]
 
 
 class CompletionDelta(msgspec.Struct, array_like=True):
@@ -37,7 +41,7 @@ class CompletionDelta(msgspec.Struct, array_like=True):
     token_start: int           # where token_ids (and logprobs, origins) continue
     token_ids: list[int]
     cumulative_logprob: Optional[float]
-    logprobs: Optional[list[WireLogprobs]]
+    logprobs: Optional[WireRows]
     finish_reason: Optional[str]
     stop_reason: Union[int, str, None]
     spec_stats: Optional[tuple[int, int, int, list[int]]]
@@ -63,6 +67,14 @@ def _wire_logprobs(entry: Optional[dict[int, Logprob]]) -> Optional[WireLogprobs
     if entry is None:
         return None
     return [(t, lp.logprob, lp.rank, lp.decoded_token) for t, lp in entry.items()]
+
+
+def _wire_rows(logprobs: Sequence[dict[int, Logprob]], start: int) -> WireRows:
+    if isinstance(logprobs, LogprobRows):
+        return logprobs.tail_bytes(start)
+    rows = LogprobRows()  # an engine that gives dicts (the tests' fake one)
+    rows.append_dicts(logprobs[start:])
+    return rows.tail_bytes(0)
 
 
 def _logprobs(entry: Optional[WireLogprobs]) -> Optional[dict[int, Logprob]]:
@@ -99,7 +111,7 @@ def _completion_delta(sent: _Sent, index: int, text: str, token_ids: list[int],
     delta = CompletionDelta(
         index, text_start, text[text_start:], token_start, token_ids[token_start:],
         cumulative_logprob,
-        None if logprobs is None else [_wire_logprobs(e) for e in logprobs[token_start:]],
+        None if logprobs is None else _wire_rows(logprobs, token_start),
         finish_reason, stop_reason,
         None if stats is None else (stats.num_spec_steps, stats.num_draft_tokens,
                                     stats.num_accepted_tokens, list(stats.acceptance_histogram)),
@@ -185,20 +197,23 @@ class _Completion:
     text: str = ""
     token_ids: list[int] = field(default_factory=list)
     cumulative_logprob: Optional[float] = None
-    logprobs: Optional[list[dict[int, Logprob]]] = None
+    logprobs: Optional[LogprobRows] = None
     finish_reason: Optional[str] = None
     stop_reason: Union[int, str, None] = None
     spec_stats: Optional[tuple[int, int, int, list[int]]] = None
     origins: list[str] = field(default_factory=list)  # as outputs give them
     rejected: list[Optional[int]] = field(default_factory=list)
 
-    def apply(self, d: CompletionDelta) -> None:
+    def apply(self, d: CompletionDelta, texts: Optional[Callable[[int], str]]) -> None:
         self.text = self.text[:d.text_start] + d.text
         self.token_ids = _extend(self.token_ids, d.token_start, d.token_ids)
         self.cumulative_logprob = d.cumulative_logprob
         if d.logprobs is not None:
-            self.logprobs = _extend(self.logprobs or [], d.token_start,
-                                    [_logprobs(e) or {} for e in d.logprobs])
+            rows = self.logprobs if self.logprobs is not None else LogprobRows(texts)
+            if d.token_start < len(rows):
+                rows = rows.prefix(d.token_start)  # views taken earlier keep what they saw
+            rows.append_bytes(*d.logprobs)
+            self.logprobs = rows
         self.finish_reason, self.stop_reason = d.finish_reason, d.stop_reason
         self.spec_stats = d.spec_stats
         self.origins = _extend(self.origins, d.token_start, d.origins)  # once per token
@@ -214,7 +229,8 @@ class _Completion:
         seq = _same if final else PrefixView
         return CompletionOutput(
             self.index, self.text, seq(self.token_ids), self.cumulative_logprob,
-            None if self.logprobs is None else seq(self.logprobs), self.finish_reason,
+            None if self.logprobs is None else self.logprobs if final else self.logprobs.view(),
+            self.finish_reason,
             self.stop_reason, stats, seq(self.origins), seq(self.rejected))
 
 
@@ -241,10 +257,12 @@ class _Request:
 
 class OutputAssembler:
     """API side: deltas back into cumulative RequestOutputs. A consumer may hold one while later
-    deltas arrive: its lists are `PrefixView`s of what they held when it was built."""
+    deltas arrive: its lists are `PrefixView`s of what they held when it was built. `texts`
+    gives the sample logprobs' decoded tokens (`TokenTexts` of the API's tokenizer)."""
 
-    def __init__(self) -> None:
+    def __init__(self, texts: Optional[Callable[[int], str]] = None) -> None:
         self._requests: dict[str, _Request] = {}
+        self._texts = texts
 
     def add(self, request_id: str, prompt: Union[str, list[int]]) -> None:
         self._requests[request_id] = _Request(
@@ -271,7 +289,7 @@ class OutputAssembler:
             req.prompt_logprobs = _extend(req.prompt_logprobs or [], d.prompt_logprobs_start,
                                           [_logprobs(e) for e in d.prompt_logprobs])
         for c in d.completions:
-            req.completions.setdefault(c.index, _Completion(c.index)).apply(c)
+            req.completions.setdefault(c.index, _Completion(c.index)).apply(c, self._texts)
         if d.finished:
             del self._requests[d.request_id]
         return functools.partial(_snapshot, d, req)

@@ -60,7 +60,7 @@ class RequestGroup:
                 index=c.index, text=detok.visible_text(c.status.finished),
                 token_ids=list(c.output_token_ids),
                 cumulative_logprob=c.cumulative_logprob if want_lp else None,
-                logprobs=list(c.logprobs) if want_lp else None,
+                logprobs=c.logprobs.view() if want_lp else None,  # rows only grow: O(1)
                 finish_reason=c.finish_reason, stop_reason=c.stop_reason,
                 spec_decode_stats=copy.deepcopy(c.spec_stats),
                 token_origins=list(c.token_origins),

@@ -17,6 +17,7 @@ from tandem.attention.context import forward_context
 from tandem.attention.metadata import build_attention_metadata
 from tandem.core.request import Request
 from tandem.core.sched_output import ScheduledRequest, SchedulerOutput
+from tandem.logprob_rows import LogprobChunk, TokenTexts
 from tandem.outputs import Logprob
 from tandem.sample.logprobs import compute_logprobs
 from tandem.sample.metadata import SamplingMetadata
@@ -27,7 +28,7 @@ from tandem.sample.sampler import Sampler
 @dataclass
 class RunnerOutput:
     sampled: dict[str, list[int]] = field(default_factory=dict)        # request id -> new tokens
-    logprobs: dict[str, list[dict[int, Logprob]]] = field(default_factory=dict)
+    logprobs: dict[str, LogprobChunk] = field(default_factory=dict)  # row j: sampled token j
     prompt_logprobs: dict[str, list[Optional[dict[int, Logprob]]]] = field(default_factory=dict)
 
 
@@ -80,6 +81,7 @@ class ModelRunner:
         self.device = device
         self.vocab_size = vocab_size
         self.tokenizer = tokenizer
+        self.token_texts = TokenTexts(tokenizer)  # decoded_token of logprobs, decoded once
         self.sampler = sampler or Sampler()
         self.rejection_sampler = rejection_sampler or RejectionSampler()  # or gumbel, synthetic
 
@@ -148,7 +150,9 @@ class ModelRunner:
             if req.params.logprobs is not None:
                 lp = compute_logprobs(logits[row_index[row:row + len(toks)]],
                                       torch.tensor(toks, device=self.device), req.params.logprobs)
-                out.logprobs[req.request_id] = self._to_dicts(lp)
+                out.logprobs[req.request_id] = LogprobChunk(
+                    lp.token_ids.shape[1], lp.token_ids.flatten().tolist(),
+                    lp.logprobs.flatten().tolist(), lp.ranks.tolist())
             row += k + 1
 
     def _prompt_logprobs(self, s: ScheduledRequest, logits: torch.Tensor,
@@ -175,7 +179,7 @@ class ModelRunner:
         return result
 
     def _token_text(self, token_id: int) -> str:
-        return self.tokenizer.decode([token_id])
+        return self.token_texts(token_id)
 
 
 def _apply_grammars(logits: torch.Tensor,

@@ -13,6 +13,7 @@ from tandem.engine.core_messages import (AbortRequests, AddRequest, AddResult,
                                          StartupFailed, UtilityCall, UtilityResult, encode_frame)
 from tandem.engine.output_deltas import DeltaEncoder, OutputAssembler, OutputDelta
 from tandem.engine.prefix_view import PrefixView
+from tandem.logprob_rows import LogprobRows, TokenTexts
 from tandem.metrics import Histogram, Metric, Vector
 from tandem.outputs import CompletionOutput, Logprob, RequestOutput, SpecDecodeRequestStats
 from tandem.sampling_params import SamplingParams
@@ -76,8 +77,13 @@ def test_outputs_errors_and_metrics_snapshots_roundtrip() -> None:
     assert _roundtrip(StartupFailed("no such model")).message == "no such model"
 
 
+def _text(token: int) -> str:
+    """The tests' tokenizer: a sample logprob's text is decoded again on the API side."""
+    return f"t{token}"
+
+
 def _lp(token: int, value: float) -> dict[int, Logprob]:
-    return {token: Logprob(value, 1, f"t{token}"), 99: Logprob(-9.0, 2, "alt")}
+    return {token: Logprob(value, 1, _text(token)), 99: Logprob(-9.0, 2, _text(99))}
 
 
 def _snapshots() -> list[RequestOutput]:
@@ -110,7 +116,7 @@ def _snapshots() -> list[RequestOutput]:
 
 
 def test_deltas_rebuild_the_engines_cumulative_outputs() -> None:
-    encoder, assembler = DeltaEncoder(), OutputAssembler()
+    encoder, assembler = DeltaEncoder(), OutputAssembler(_text)
     assembler.add("r", [1, 2, 3])
     for out in _snapshots():
         delta = _across(encoder.encode(out))
@@ -126,13 +132,13 @@ def test_a_delta_carries_only_what_changed() -> None:
     assert d.prompt_token_ids is None and d.prompt_logprobs == []
     c0 = next(c for c in d.completions if c.index == 0)
     assert (c0.token_start, c0.token_ids, c0.text_start, c0.text) == (1, [11], 2, "ll")
-    assert len(c0.logprobs) == 1 and c0.origins == ["draft"]
+    assert len(c0.logprobs[0]) == 4 and c0.origins == ["draft"]  # one row: 4 bytes of its length
     unchanged = encoder.encode(snaps[1])
     assert unchanged.completions == []  # nothing new: no completion travels
 
 
 def test_an_assembler_snapshot_is_not_changed_by_later_deltas() -> None:
-    encoder, assembler = DeltaEncoder(), OutputAssembler()
+    encoder, assembler = DeltaEncoder(), OutputAssembler(_text)
     assembler.add("r", [1, 2, 3])
     snaps = _snapshots()
     held = assembler.apply(encoder.encode(snaps[0]))
@@ -146,7 +152,7 @@ def test_a_snapshot_costs_the_same_however_long_the_output() -> None:
     O(length) a step (issue 45). Snapshots of a 50,000-token output allocate no more than those
     of a 50-token one, and only the final output carries the lists themselves."""
     def allocated(length: int) -> tuple[int, RequestOutput]:
-        encoder, assembler = DeltaEncoder(), OutputAssembler()
+        encoder, assembler = DeltaEncoder(), OutputAssembler(_text)
         assembler.add("r", [1])
         toks = list(range(length))
         out = RequestOutput("r", None, [1], None, [CompletionOutput(
@@ -166,11 +172,11 @@ def test_a_snapshot_costs_the_same_however_long_the_output() -> None:
     assert len(o.token_ids) == 50_000 and o.token_ids[-3:] == [49_997, 49_998, 49_999]
     assert o.token_origins[49_999:] == ["target"] and not isinstance(o.token_ids, list)
     final = _snapshots()
-    encoder, assembler = DeltaEncoder(), OutputAssembler()
+    encoder, assembler = DeltaEncoder(), OutputAssembler(_text)
     assembler.add("r", [1, 2, 3])
     last = [assembler.apply(encoder.encode(out)) for out in final][-1]
     assert all(type(c.token_ids) is list and type(c.token_origins) is list
-               and type(c.logprobs) is list for c in last.outputs)
+               and type(c.logprobs) is LogprobRows for c in last.outputs)
     assert type(last.prompt_logprobs) is list
 
 
@@ -188,7 +194,7 @@ def test_a_prefix_view_reads_as_the_list_it_was_taken_from() -> None:
 
 
 def test_a_text_prompt_gets_its_ids_from_the_first_delta_and_aborts_are_forgotten() -> None:
-    encoder, assembler = DeltaEncoder(), OutputAssembler()
+    encoder, assembler = DeltaEncoder(), OutputAssembler(_text)
     assembler.add("t", "Hi there")
     out = RequestOutput("t", "Hi there", [7, 8], None,
                         [CompletionOutput(0, "a", [5], None, None)], finished=False)
@@ -212,7 +218,8 @@ def test_deltas_read_from_the_engines_requests_equal_deltas_of_its_outputs(
     params = SamplingParams(temperature=0.8, seed=7, max_tokens=24, n=2, logprobs=2,
                             prompt_logprobs=1, stop=["e"])
     by_group, by_output = DeltaEncoder(), DeltaEncoder()
-    assemblers = {"group": OutputAssembler(), "output": OutputAssembler()}
+    texts = TokenTexts(engine.tokenizer)  # the API process's own copy of the tokenizer
+    assemblers = {"group": OutputAssembler(texts), "output": OutputAssembler(texts)}
     for a in assemblers.values():
         a.add("r", [5, 6, 7])
     built: list[OutputDelta] = []
