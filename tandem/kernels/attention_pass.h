@@ -33,11 +33,10 @@ static inline __attribute__((always_inline)) void attend_rows(
     vg = vg < 1 ? 1 : vg > VALUE_ROWS ? VALUE_ROWS : vg;
     for (int64_t t0 = lo - lo % KEY_TILE; t0 <= hi; t0 += KEY_TILE) {
         int64_t t1 = t0 + KEY_TILE - 1 < hi ? t0 + KEY_TILE - 1 : hi, a0 = t0 > lo ? t0 : lo;
+        tile_fetch(c, a0, t1, ng);
         for (int h = 0; h < ng; h++) {
             const int r0 = gs[h], r1 = gs[h + 1];
             tile_head(st, c, t0, a0, t1, h);
-            tile_prefetch(c, t0 + KEY_TILE, t0 + 2 * KEY_TILE - 1 < hi ? t0 + 2 * KEY_TILE - 1 : hi,
-                          h, ng);
             for (int i = r0; i < r1; i += SCORE_ROWS)
                 tile_scores(rows + i, r1 - i < SCORE_ROWS ? r1 - i : SCORE_ROWS, st->k, a0, t1,
                             t0, scale, softcap, st->s + i * TILE_STRIDE, nv, type);

@@ -1,7 +1,7 @@
 /* One tile of paged attention (cpu_attention.c): the tile's key and value rows in the cache's
  * format, widened in registers where they are used (kv_format.h's kv_vec), the scores of a
  * pass's rows against them, the running maximum and the weights, and the value sums, each in
- * the one order cpu_attention.c's comment gives; the next tile asked of the memory meanwhile.
+ * the one order cpu_attention.c's comment gives; the tile asked of the memory first.
  * The types and sizes of a pass live here too. Included by cpu_attention.c only. */
 #ifndef TANDEM_ATTENTION_TILE_H
 #define TANDEM_ATTENTION_TILE_H
@@ -60,25 +60,21 @@ static inline void tile_head(pass_t *st, const cache_t *c, int64_t t0, int64_t a
     }
 }
 
-/* Share h of ng of the next tile's cache lines (keys n0 .. n1, KV heads c->g .. c->g + ng - 1:
- * their rows lie side by side in each key's slot) asked of the memory now, in address order, so
- * they arrive while this tile's heads are computed. Without it, a pass reads each head's rows a
- * slot apart (4 KB for 32 heads of 64 float16 numbers: a row a page), which the hardware's
- * prefetchers do not follow. */
-static inline void tile_prefetch(const cache_t *c, int64_t n0, int64_t n1, int h, int ng) {
-    if (n0 > n1) return;
-    const int64_t per_key = (ng * c->rb + 63) / 64, lines = (n1 - n0 + 1) * per_key;
-    const int64_t l0 = lines * h / ng, l1 = lines * (h + 1) / ng;
-    int64_t j = n0 + l0 / per_key, l = l0 % per_key * 64, n = l1 - l0;  /* key j, byte l */
-    const char *k = c->k + (c->slots[j] * c->hkv + c->g) * c->rb;
-    const char *v = c->v + (k - c->k);
-    for (; n > 0; n--) {
-        __builtin_prefetch(k + l, 0, 3);
-        __builtin_prefetch(v + l, 0, 3);
-        if ((l += 64) == per_key * 64 && n > 1) {
-            l = 0, j++;
-            k = c->k + (c->slots[j] * c->hkv + c->g) * c->rb;
-            v = c->v + (k - c->k);
+/* Every cache line of keys a .. b's rows for KV heads c->g .. c->g + ng - 1 (side by side in
+ * each key's slot), keys and values, asked of the memory at once, in address order, before the
+ * tile's heads are computed, so that the heads read the tile from the caches. Read head by
+ * head, a slot of 32 heads of 64 float16 numbers puts each row a 4 KB page apart, which the
+ * hardware's prefetchers do not follow. Asking for the next tile while this one is computed
+ * instead (into L1 or L2, spread over the heads, or in one burst) was slower: the tile's own
+ * rows then wait behind it (benchmarks/LOG.md). */
+static inline void tile_fetch(const cache_t *c, int64_t a, int64_t b, int ng) {
+    const int64_t per_key = ng * c->rb;
+    for (int64_t j = a; j <= b; j++) {
+        const char *k = c->k + (c->slots[j] * c->hkv + c->g) * c->rb;
+        const char *v = c->v + (k - c->k);
+        for (int64_t l = 0; l < per_key; l += 64) {
+            __builtin_prefetch(k + l, 0, 2);
+            __builtin_prefetch(v + l, 0, 2);
         }
     }
 }
