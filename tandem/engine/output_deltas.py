@@ -29,8 +29,8 @@ if TYPE_CHECKING:
 
 # (token id, logprob, rank, decoded token) for each entry of a prompt position's logprobs
 WireLogprobs = list[tuple[int, float, Optional[int], Optional[str]]]
-# sample logprobs: `LogprobRows.tail_bytes` (entries a row, ids, values, ranks), 16 bytes an
-# entry where a tuple a entry was about 150; texts are decoded again on the API side
+# sample logprobs: `LogprobRows.tail_bytes` (entries a row, ids, values, ranks), the rows' own
+# arrays, 16 bytes an entry; their texts are decoded again on the API side
 WireRows = tuple[bytes, bytes, bytes, bytes]
 
 
