@@ -50,8 +50,9 @@ class RequestGroup:
         return new
 
     def make_output(self) -> RequestOutput:
-        """A snapshot: every list and stats object is a copy the engine will not touch again.
-        Children not created yet are left out until the final output."""
+        """A snapshot: every list and stats object is a copy the engine will not touch again (the
+        logprobs a view of rows the engine only appends to). Children not created yet are left
+        out until the final output."""
         completions = []
         for c in self.children:
             detok = self.detoks[c.request_id]

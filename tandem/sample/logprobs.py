@@ -7,6 +7,8 @@ from dataclasses import dataclass
 
 import torch
 
+from tandem.logprob_rows import LogprobChunk
+
 
 @dataclass
 class LogprobsTensors:
@@ -14,8 +16,10 @@ class LogprobsTensors:
     logprobs: torch.Tensor   # [N, k+1] float32 log_softmax of the raw logits at those ids
     ranks: torch.Tensor      # [N] int64 rank of the chosen token (1 = most likely)
 
-    def tolists(self) -> tuple[list[list[int]], list[list[float]], list[int]]:
-        return self.token_ids.tolist(), self.logprobs.tolist(), self.ranks.tolist()
+    def chunk(self) -> LogprobChunk:
+        """As the engine holds them (logprob_rows.py): row j's k+1 ids and values, its rank."""
+        return LogprobChunk(self.token_ids.shape[1], self.token_ids.flatten().tolist(),
+                            self.logprobs.flatten().tolist(), self.ranks.tolist())
 
 
 def compute_logprobs(logits: torch.Tensor, token_ids: torch.Tensor,

@@ -17,9 +17,9 @@ from tandem.attention.context import forward_context
 from tandem.attention.metadata import build_attention_metadata
 from tandem.core.request import Request
 from tandem.core.sched_output import ScheduledRequest, SchedulerOutput
-from tandem.logprob_rows import LogprobChunk, TokenTexts
+from tandem.logprob_rows import LogprobChunk, LogprobRows, TokenTexts
 from tandem.outputs import Logprob
-from tandem.sample.logprobs import compute_logprobs
+from tandem.sample.logprobs import LogprobsTensors, compute_logprobs
 from tandem.sample.metadata import SamplingMetadata
 from tandem.sample.rejection_sampler import RejectionSampler
 from tandem.sample.sampler import Sampler
@@ -150,9 +150,7 @@ class ModelRunner:
             if req.params.logprobs is not None:
                 lp = compute_logprobs(logits[row_index[row:row + len(toks)]],
                                       torch.tensor(toks, device=self.device), req.params.logprobs)
-                out.logprobs[req.request_id] = LogprobChunk(
-                    lp.token_ids.shape[1], lp.token_ids.flatten().tolist(),
-                    lp.logprobs.flatten().tolist(), lp.ranks.tolist())
+                out.logprobs[req.request_id] = lp.chunk()
             row += k + 1
 
     def _prompt_logprobs(self, s: ScheduledRequest, logits: torch.Tensor,
@@ -168,18 +166,12 @@ class ModelRunner:
             result.extend(self._to_dicts(lp))
         return result
 
-    def _to_dicts(self, lp) -> list[dict[int, Logprob]]:
-        ids, values, ranks = lp.tolists()
-        result = []
-        for row_ids, row_vals, rank in zip(ids, values, ranks):
-            entry = {row_ids[0]: Logprob(row_vals[0], rank, self._token_text(row_ids[0]))}
-            for r, (tid, val) in enumerate(zip(row_ids[1:], row_vals[1:]), start=1):
-                entry.setdefault(tid, Logprob(val, r, self._token_text(tid)))
-            result.append(entry)
-        return result
-
-    def _token_text(self, token_id: int) -> str:
-        return self.token_texts(token_id)
+    def _to_dicts(self, lp: LogprobsTensors) -> list[dict[int, Logprob]]:
+        """Prompt logprobs as dicts, built as the sample logprobs' rows build theirs."""
+        rows, chunk = LogprobRows(self.token_texts), lp.chunk()
+        for j in range(len(chunk.ranks)):
+            rows.append_row(chunk, j)
+        return list(rows)
 
 
 def _apply_grammars(logits: torch.Tensor,

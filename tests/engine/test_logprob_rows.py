@@ -12,7 +12,7 @@ import torch
 
 from tandem.engine.core_messages import EngineCoreOutputs, FrameBuffer, encode_frame
 from tandem.engine.output_deltas import DeltaEncoder, OutputAssembler
-from tandem.logprob_rows import LogprobChunk, LogprobRows, TokenTexts
+from tandem.logprob_rows import LogprobRows, TokenTexts
 from tandem.outputs import CompletionOutput, Logprob, RequestOutput
 from tandem.sample.logprobs import compute_logprobs
 
@@ -24,7 +24,7 @@ def _text(token: int) -> str:
 def _dicts_as_before(lp, text) -> list[dict[int, Logprob]]:
     """The runner's former dict building: the sampled token with its rank, then the top-k with
     ranks 1..k, the sampled token keeping its own entry."""
-    ids, vals, ranks = lp.tolists()
+    ids, vals, ranks = lp.token_ids.tolist(), lp.logprobs.tolist(), lp.ranks.tolist()
     rows = []
     for row_ids, row_vals, rank in zip(ids, vals, ranks):
         entry = {row_ids[0]: Logprob(row_vals[0], rank, text(row_ids[0]))}
@@ -32,11 +32,6 @@ def _dicts_as_before(lp, text) -> list[dict[int, Logprob]]:
             entry.setdefault(tid, Logprob(val, r, text(tid)))
         rows.append(entry)
     return rows
-
-
-def _chunk(lp) -> LogprobChunk:
-    return LogprobChunk(lp.token_ids.shape[1], lp.token_ids.flatten().tolist(),
-                        lp.logprobs.flatten().tolist(), lp.ranks.tolist())
 
 
 @pytest.mark.parametrize("k", [0, 1, 5, -1])
@@ -47,7 +42,7 @@ def test_rows_read_back_the_dicts_the_runner_built_before(k: int) -> None:
     lp = compute_logprobs(logits, chosen, k)  # greedy rows: the sampled token is also top-1
     rows = LogprobRows(_text)
     for j in range(6):
-        rows.append_row(_chunk(lp), j)
+        rows.append_row(lp.chunk(), j)
     want = _dicts_as_before(lp, _text)
     assert rows == want and list(rows) == want and rows[2:5] == want[2:5] and rows[-1] == want[-1]
     assert [list(r) for r in rows] == [list(w) for w in want]  # the same order, too
@@ -102,7 +97,7 @@ def test_a_long_stream_with_20_logprobs_holds_a_few_bytes_an_entry_on_each_side(
     g = torch.Generator().manual_seed(0)
     lp = compute_logprobs(torch.randn(tokens, 300, generator=g), torch.arange(tokens) % 300,
                           width - 1)
-    chunk = _chunk(lp)
+    chunk = lp.chunk()
     budget = 24 * tokens * width
 
     def engine_side() -> LogprobRows:
