@@ -6,13 +6,15 @@ at once (ignore_eos), through HTTP with the lean client of `tandem bench serve` 
 with --no-stream-too also whole), and through the offline `LLM` in this process (idle while the
 server is measured): output tokens/s, the ratio served/offline, and the CPU time per output token
 of the API process and of the engine core process (from /proc). The API's per-token cost should
-not grow with the output's length.
+not grow with the output's length. With --rounds R each level runs offline and served R times,
+alternating (after one unmeasured run of each), and reports the medians: the host drifts by more
+than one stream's difference.
 
 With --peer-url the same client also runs each level against another server (llama-server:
 `python benchmarks/llama_cpp/peer.py server smollm2-q4_1 --parallel 256 --ctx-per-slot 2304`).
 
   python benchmarks/bench_serve_scale.py [--streams 1 16 64] [--lengths 128 2048] [--no-stream-too]
-                                         [--peer-url http://127.0.0.1:8090]
+                                         [--peer-url http://127.0.0.1:8090] [--rounds 5]
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from statistics import median
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_serve_core import _start, _stop  # noqa: E402
@@ -41,6 +44,8 @@ def main() -> None:
                         "the same client also measures at each level")
     p.add_argument("--port", type=int, default=8312)
     p.add_argument("--repo", default=str(ROOT))
+    p.add_argument("--rounds", type=int, default=1,
+                   help="alternating offline and served runs per level (medians reported)")
     args = p.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from tandem import LLM, SamplingParams
@@ -55,19 +60,33 @@ def main() -> None:
             for c in args.streams:
                 texts = prompts(c)
                 params = SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
-                t0 = time.perf_counter()
-                llm.generate(texts, params, use_tqdm=False)
-                offline = c * n / (time.perf_counter() - t0)
+
+                def offline() -> float:
+                    t0 = time.perf_counter()
+                    llm.generate(texts, params, use_tqdm=False)
+                    return c * n / (time.perf_counter() - t0)
+
                 for stream in [True, False] if args.no_stream_too else [True]:
                     ns = argparse.Namespace(max_tokens=n, temperature=0.0, stream=stream,
                                             server_pid=proc.pid)
-                    lv = asyncio.run(_level(f"http://127.0.0.1:{args.port}/v1",
-                                            args.model, texts, c, ns, None, _NoBar()))
-                    row = {"tokens": n, "streams": c, "stream": stream,
-                           "served_tok_s": lv["output_tokens_per_s"], "offline_tok_s": offline,
-                           "ratio": lv["output_tokens_per_s"] / offline,
-                           "api_cpu_us_per_token": lv["api_cpu_us_per_token"],
-                           "engine_cpu_us_per_token": lv["engine_cpu_us_per_token"]}
+
+                    def served() -> dict:
+                        return asyncio.run(_level(f"http://127.0.0.1:{args.port}/v1",
+                                                  args.model, texts, c, ns, None, _NoBar()))
+
+                    if args.rounds > 1:  # unmeasured: caches, the server's first requests
+                        offline(), served()
+                    rounds = [(offline(), served()) for _ in range(args.rounds)]
+                    ratios = [lv["output_tokens_per_s"] / off for off, lv in rounds]
+                    row = {"tokens": n, "streams": c, "stream": stream, "rounds": args.rounds,
+                           "served_tok_s": median(lv["output_tokens_per_s"] for _, lv in rounds),
+                           "offline_tok_s": median(off for off, _ in rounds),
+                           "ratio": median(ratios), "ratios": ratios,
+                           "api_cpu_us_per_token": median(lv["api_cpu_us_per_token"]
+                                                          for _, lv in rounds),
+                           "engine_cpu_us_per_token": median(lv["engine_cpu_us_per_token"]
+                                                             for _, lv in rounds)}
+                    offline_rate = row["offline_tok_s"]
                     if args.peer_url:
                         peer = asyncio.run(_level(args.peer_url.rstrip("/") + "/v1", "peer",
                                                   texts, c, ns, None, _NoBar(),
@@ -76,8 +95,10 @@ def main() -> None:
                         row["over_peer"] = row["served_tok_s"] / row["peer_tok_s"]
                     rows.append(row)
                     print(f"{n:5d} tokens x {c:3d} {'streams' if stream else 'whole  '}: served "
-                          f"{row['served_tok_s']:7.1f} tok/s, offline {offline:7.1f} "
-                          f"({row['ratio']:.2f}x); CPU per token: API "
+                          f"{row['served_tok_s']:7.1f} tok/s, offline {offline_rate:7.1f} "
+                          f"({row['ratio']:.2f}x" + (
+                              f", rounds {' '.join(f'{r:.2f}' for r in ratios)}"
+                              if args.rounds > 1 else "") + "); CPU per token: API "
                           f"{row['api_cpu_us_per_token']:.0f} us, engine "
                           f"{row['engine_cpu_us_per_token']:.0f} us" + (
                               f"; peer {row['peer_tok_s']:7.1f} tok/s ({row['over_peer']:.2f}x)"

@@ -33,12 +33,31 @@ class Response:
         """The body as it arrives, de-chunked."""
         r = self._reader
         if "chunked" in self.headers.get("transfer-encoding", "").lower():
+            # What each read brings is de-chunked at once: one await per arrival, where a
+            # readline and a readexactly per chunk (a token's event, on a stream) cost the
+            # client two.
+            buf = bytearray()
             while True:
-                size = int((await r.readline()).split(b";", 1)[0].strip() or b"0", 16)
-                if size == 0:
-                    await r.readline()  # the CRLF after the last chunk (no trailers sent)
+                data, at, last = [], 0, False
+                while (eol := buf.find(b"\r\n", at)) >= 0:
+                    size = int(bytes(buf[at:eol]).split(b";", 1)[0].strip() or b"0", 16)
+                    end = eol + 2 + size + 2  # the size line, the data, its CRLF
+                    if len(buf) < end:
+                        break
+                    if size == 0:  # the last chunk: no trailers are sent, a CRLF ends it
+                        last = True
+                        break
+                    data.append(bytes(buf[eol + 2:end - 2]))
+                    at = end
+                del buf[:at]
+                if data:
+                    yield b"".join(data)
+                if last:
                     return
-                yield (await r.readexactly(size + 2))[:-2]
+                more = await r.read(1 << 16)
+                if not more:
+                    raise ConnectionError("the connection closed inside a chunked body")
+                buf += more
         elif "content-length" in self.headers:
             left = int(self.headers["content-length"])
             while left > 0:

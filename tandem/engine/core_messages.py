@@ -10,8 +10,11 @@ Batching a step's outputs into one message keeps the channel's cost per step, no
 Frames are a 4-byte little-endian length and a pickle of plain dataclasses (both ends are our own
 processes on one machine, over a socketpair nobody else holds), except that the output deltas,
 most of what crosses, travel as one msgspec MessagePack array inside it: at 16 streams a step's
-frame is encoded in 4 us and decoded in 9, where a pickle of them took 30 and 39 (Intel Xeon
-6/167, benchmarks/bench_channel_codec.py).
+frame is encoded in 2.4 us and decoded in 9, where a pickle of them took 30 and 40 (Intel Xeon
+6/167, benchmarks/bench_channel_codec.py). A turn's message that holds nothing but deltas (most
+of them) is that array alone, flagged by the length's top bit, with no pickle around it:
+unpickling even a one-token frame took the API process about 35 us of CPU at one stream (its
+caches cold after the engine's step), a tenth of what it spent a token.
 """
 
 from __future__ import annotations
@@ -27,7 +30,8 @@ from tandem.engine.output_deltas import OutputDelta
 from tandem.sampling_params import SamplingParams
 
 HEADER = struct.Struct("<I")
-MAX_FRAME_BYTES = 1 << 31  # a frame's length must fit the 4-byte header
+MAX_FRAME_BYTES = 1 << 31  # a frame's length must fit the 4-byte header's lower 31 bits
+_DELTAS_ONLY = 1 << 31     # the header's top bit: the payload is a MessagePack array of deltas
 
 
 # ---- requests in ------------------------------------------------------------------------------
@@ -127,10 +131,15 @@ class StartupFailed:
 # ---- frames -----------------------------------------------------------------------------------
 
 def encode_frame(message: Any) -> bytes:
-    payload = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    flag = 0
+    if type(message) is EngineCoreOutputs and not (message.added or message.utility
+                                                   or message.metrics is not None or message.dead):
+        payload, flag = _DELTAS_OUT.encode(message.outputs), _DELTAS_ONLY
+    else:
+        payload = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
     if len(payload) >= MAX_FRAME_BYTES:
         raise ValueError(f"a channel message of {len(payload)} bytes is over the frame limit")
-    return HEADER.pack(len(payload)) + payload
+    return HEADER.pack(len(payload) | flag) + payload
 
 
 class FrameBuffer:
@@ -145,10 +154,14 @@ class FrameBuffer:
         start = 0
         while len(self._buf) - start >= HEADER.size:
             (size,) = HEADER.unpack_from(self._buf, start)
-            end = start + HEADER.size + size
+            end = start + HEADER.size + (size & ~_DELTAS_ONLY)
             if len(self._buf) < end:
                 break
-            messages.append(pickle.loads(memoryview(self._buf)[start + HEADER.size:end]))
+            with memoryview(self._buf)[start + HEADER.size:end] as payload:  # let go before
+                if size & _DELTAS_ONLY:                                      # the buffer shrinks
+                    messages.append(EngineCoreOutputs(outputs=_DELTAS_IN.decode(payload)))
+                else:
+                    messages.append(pickle.loads(payload))
             start = end
         if start:
             del self._buf[:start]

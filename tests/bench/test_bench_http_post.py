@@ -75,3 +75,52 @@ def test_a_status_and_a_whole_body() -> None:
 def test_a_server_that_closes_without_answering() -> None:
     with pytest.raises(NoResponse):
         _ask(b"")
+
+
+def test_chunks_that_arrive_together_and_chunk_extensions() -> None:
+    body = _chunked(SSE, 3).replace(b"\r\n", b";ext=1\r\n", 1)  # an extension on the first size
+    # _serve_once writes 7 bytes at a time; here the whole answer goes in one write too
+    async def run() -> list[bytes]:
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await reader.readuntil(b"\r\n\r\n")
+            await reader.readexactly(8)
+            writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + body)
+            await writer.drain()
+            writer.close()
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        async with server:
+            port = server.sockets[0].getsockname()[1]
+            r = await post_json(f"http://127.0.0.1:{port}/", {"a": 1})
+            pieces = [c async for c in r.body_chunks()]
+            r.close()
+            return pieces
+    pieces = asyncio.run(run())
+    assert b"".join(pieces) == SSE and len(pieces) < len(SSE) // 3  # de-chunked per read
+
+
+def _stream(*events: str) -> bytes:
+    sse = b"".join(b"data: %s\n\n" % e.encode() for e in events) + b"data: [DONE]\n\n"
+    return b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + _chunked(sse, 40)
+
+
+def _timed(answer: bytes) -> dict:
+    from tandem.bench.serve import _timed as timed
+
+    async def run() -> dict:
+        server, port = await _serve_once(answer, [])
+        async with server:
+            return await timed(f"http://127.0.0.1:{port}/v1/completions", {"stream": True}, {})
+    return asyncio.run(run())
+
+
+def test_the_client_counts_text_chunks_and_reads_usage_and_errors() -> None:
+    got = _timed(_stream('{"choices":[{"index":0,"text":"a"}]}',
+                         '{"choices":[{"index":0,"text": "\\"usage\\""}]}',  # text, not usage
+                         '{"choices":[{"index":0,"text":""}]}',  # held back: no token's text
+                         '{"choices":[{"index":0,"text":"b"}],"usage":null}',
+                         '{"choices":[],"usage":{"completion_tokens":4}}'))
+    assert got["tokens"] == 4 and got["usage"] and len(got["gaps"]) == 2  # three text chunks
+    no_usage = _timed(_stream('{"choices":[{"text":"a"}]}', '{"choices":[{"text":"b"}]}'))
+    assert no_usage["tokens"] == 2 and not no_usage["usage"]
+    with pytest.raises(RuntimeError, match="stream error: .*fell over"):
+        _timed(_stream('{"choices":[{"text":"a"}]}', '{"error":{"message":"fell over"}}'))

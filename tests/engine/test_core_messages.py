@@ -45,6 +45,25 @@ def test_frames_survive_any_split_and_arrive_in_order() -> None:
     assert partial.feed(data[:5]) == [] and partial.pending_bytes == 5
 
 
+def test_a_turn_of_deltas_alone_travels_without_pickle() -> None:
+    delta = OutputDelta("r1", False, None, 0, None, 0, None, [])
+    plain = encode_frame(EngineCoreOutputs(outputs=[delta, delta]))
+    assert plain[3] & 0x80 and b"\x80\x05" not in plain[:6]  # the flag, then no pickle header
+    with_metrics = EngineCoreOutputs(outputs=[delta], metrics=[Metric("m", 1.0)])
+    mixed = [EngineCoreOutputs(), EngineCoreOutputs(outputs=[delta, delta]), with_metrics,
+             EngineCoreOutputs(added=[AddResult("r2")], outputs=[delta]),
+             EngineCoreOutputs(dead="gone")]
+    frames = [encode_frame(m) for m in mixed]
+    assert [bool(f[3] & 0x80) for f in frames] == [True, True, False, False, False]
+    data = b"".join(frames)
+    for chunk in (1, 5, len(data)):
+        buf = FrameBuffer()
+        got = []
+        for i in range(0, len(data), chunk):
+            got += buf.feed(data[i:i + chunk])
+        assert got == mixed and buf.pending_bytes == 0
+
+
 def test_request_messages_keep_every_field() -> None:
     params = SamplingParams(n=3, temperature=0.7, top_p=0.9, seed=11, stop=["x"], logprobs=2,
                             max_tokens=9, stop_token_ids=[5])

@@ -88,8 +88,10 @@ def test_chat_logprobs_exact_top_count() -> None:
 
 def test_sse_round_trip() -> None:
     text = sse_event({"a": "é"}) + sse_event({"b": [1]}) + DONE
-    assert text.startswith("data: {") and text.endswith("data: [DONE]\n\n")
-    assert parse_sse(text) == [{"a": "é"}, {"b": [1]}, "[DONE]"]
+    assert text.startswith(b'data: {"a":"\xc3\xa9"}') and text.endswith(b"data: [DONE]\n\n")
+    assert parse_sse(text) == parse_sse(text.decode()) == [{"a": "é"}, {"b": [1]}, "[DONE]"]
+    # JSON has no NaN: null, never a bare NaN a strict client would refuse
+    assert parse_sse(sse_event({"x": float("nan")})) == [{"x": None}]
 
 
 def test_tokens_that_decode_alike_keep_distinct_keys() -> None:

@@ -263,7 +263,7 @@ def test_no_draft_with_api_key_and_errors(page: Any, web_servers: WebServers) ->
     assert "maximum context length is 512 tokens" in page.inner_text("#error")
 
     # An error event inside a stream (the server's sse_error) shows its message too.
-    failing = 'data: {"choices": []}\n\n' + sse_error(OpenAIError("the engine fell over", 500))
+    failing = 'data: {"choices": []}\n\n' + sse_error(OpenAIError("the engine fell over", 500)).decode()
 
     def fail_stream(route: Any) -> None:
         route.fulfill(status=200, headers={"content-type": "text/event-stream"},

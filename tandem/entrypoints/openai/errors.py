@@ -17,6 +17,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from tandem.entrypoints.openai.sse import sse_event
+
 logger = logging.getLogger("tandem.server")
 
 _TYPES = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError",
@@ -54,13 +56,13 @@ def error_response(message: str, status: int = 400, type: Optional[str] = None,
     return _ASCIIJSONResponse(error_body(message, status, type, param), status_code=status)
 
 
-def sse_error(error: OpenAIError | Exception) -> str:
+def sse_error(error: OpenAIError | Exception) -> bytes:
     """An error inside an SSE stream (headers are already sent, so the status cannot change)."""
     if isinstance(error, OpenAIError):
         body = error_body(error.message, error.status, error.type, error.param)
     else:
         body = error_body(str(error), 500)
-    return f"data: {json.dumps(body)}\n\n"
+    return sse_event(body)
 
 
 def _validation_message(exc: RequestValidationError) -> str:

@@ -202,7 +202,7 @@ class _ChatAssembler:
                 "model": self.model, "choices": choices, **extra}
 
     async def events(self, outputs: AsyncIterator[tuple[int, RequestOutput]]
-                     ) -> AsyncIterator[str]:
+                     ) -> AsyncIterator[bytes]:
         n = self.request.n
         sent_text: dict[int, int] = {}
         sent_tokens: dict[int, int] = {}

@@ -130,7 +130,7 @@ class _Assembler:
                 "model": self.model, "choices": choices, **extra}
 
     async def events(self, outputs: AsyncIterator[tuple[int, RequestOutput]]
-                     ) -> AsyncIterator[str]:
+                     ) -> AsyncIterator[bytes]:
         total = len(self.prompts) * self.n
         sent_text: dict[int, int] = {}
         sent_tokens: dict[int, int] = {}
@@ -153,7 +153,9 @@ class _Assembler:
                         text = self.prompts[i][0] + text
                     if not text and o.finish_reason is None:
                         continue  # tokens whose text is held back (possible stop string)
-                    builder = builders.setdefault(index, self._builder())
+                    builder = builders.get(index)
+                    if builder is None:
+                        builder = builders[index] = self._builder()
                     start = sent_tokens.get(index, 0)
                     choice = {"index": index, "text": text,
                               "logprobs": self._choice_logprobs(builder, out, o, start, echo),

@@ -1,23 +1,35 @@
 """Server-sent events as OpenAI streams them: one `data: {json}` event per chunk, then
-`data: [DONE]`."""
+`data: [DONE]`.
+
+Events are bytes encoded by msgspec (UTF-8, compact, key order kept, as `json.dumps` with
+`ensure_ascii=False` writes them): a token's chunk is encoded once per token per stream, and
+msgspec does it in a tenth of the time (0.34 against 3.6 us, warm). JSON has no NaN or
+infinity; msgspec writes them as null (the logprobs are clamped before: logprobs.py).
+"""
 
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Union
 
-DONE = "data: [DONE]\n\n"
+import msgspec
+
+DONE = b"data: [DONE]\n\n"
 MEDIA_TYPE = "text/event-stream"
 # Proxies (nginx) buffer responses unless told not to, which would stall a stream.
 HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
-
-def sse_event(payload: Any) -> str:
-    return f"data: {json.dumps(payload, ensure_ascii=False, separators=(',', ':'))}\n\n"
+_ENCODER = msgspec.json.Encoder()
 
 
-def parse_sse(text: str) -> list[Any]:
+def sse_event(payload: Any) -> bytes:
+    return b"data: " + _ENCODER.encode(payload) + b"\n\n"
+
+
+def parse_sse(text: Union[str, bytes]) -> list[Any]:
     """Inverse of the above, for tests and simple clients: JSON payloads, and "[DONE]" as-is."""
+    if isinstance(text, bytes):
+        text = text.decode()
     events: list[Any] = []
     for block in text.split("\n\n"):
         block = block.strip()
