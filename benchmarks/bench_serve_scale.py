@@ -47,6 +47,8 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=1,
                    help="alternating offline and served runs per level (medians reported)")
     args = p.parse_args()
+    if args.rounds < 1:
+        p.error(f"--rounds must be at least 1, got {args.rounds}")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from tandem import LLM, SamplingParams
     from tandem.bench.serve import _level

@@ -29,6 +29,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+import httpx
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_serve_core import _start, _stop  # noqa: E402
 from common import ROOT, SMOLLM2, prompts, save  # noqa: E402
@@ -61,12 +63,18 @@ def documents() -> list[dict[str, str]]:
     return docs
 
 
-def run_format(args: argparse.Namespace, kv: str, task_dir: Path, out: Path) -> dict[str, float]:
-    """lm-eval's per-document loglikelihoods {doc id: nats} with the server on cache `kv`."""
+def run_format(args: argparse.Namespace, kv: str, task_dir: Path, out: Path,
+               docs: list[dict[str, str]], tokens: dict[str, int]) -> dict[str, float]:
+    """lm-eval's per-document loglikelihoods {doc id: nats} with the server on cache `kv`;
+    `tokens`, when empty, gets the documents' lengths as this server counts them (/tokenize)."""
     extra = ["--kv-cache-dtype", kv] + (["-q", args.quantization]
                                         if args.quantization != "keep" else [])
     proc = _start(ROOT, args.model, 4096, {}, args.port, out / f"server-{kv}.log", extra)
     try:
+        if not tokens:
+            tokens.update({d["id"]: httpx.post(f"http://127.0.0.1:{args.port}/tokenize",
+                                               json={"prompt": d["text"]}).json()["count"]
+                           for d in docs})
         model_args = (f"model={args.model},base_url=http://127.0.0.1:{args.port}/v1/completions,"
                       "tokenizer_backend=remote,tokenized_requests=True,max_length=2048,"
                       "num_concurrent=1,max_retries=1")
@@ -106,8 +114,8 @@ def main() -> None:
         (tmp_dir / "docs.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
         (tmp_dir / "task.yaml").write_text(TASK.format(docs=tmp_dir / "docs.jsonl"))
         formats = ["float32"] + [f for f in args.formats if f != "float32"]
-        by_format = {kv: run_format(args, kv, tmp_dir, tmp_dir) for kv in formats}
-    tokens = _token_counts(args, docs)
+        tokens: dict[str, int] = {}
+        by_format = {kv: run_format(args, kv, tmp_dir, tmp_dir, docs, tokens) for kv in formats}
     ref = by_format["float32"]
     rows = []
     print(f"{args.model}, weights {args.quantization}; documents: "
@@ -123,17 +131,6 @@ def main() -> None:
               f"largest {row['max_abs_diff_per_token']:.4f}")
     print(save("lm-eval-kv", {"model": args.model, "quantization": args.quantization,
                               "tokens": tokens, "rows": rows}))
-
-
-def _token_counts(args: argparse.Namespace, docs: list[dict[str, str]]) -> dict[str, int]:
-    """The documents' lengths in the model's tokens, as the server counts them (/tokenize)."""
-    import httpx
-    proc = _start(ROOT, args.model, 4096, {}, args.port, Path("/tmp/lm_eval_kv_tokens.log"))
-    try:
-        return {d["id"]: httpx.post(f"http://127.0.0.1:{args.port}/tokenize",
-                                    json={"prompt": d["text"]}).json()["count"] for d in docs}
-    finally:
-        _stop(proc)
 
 
 if __name__ == "__main__":

@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 import time
 
-_TEXT = re.compile(rb'"text": ?"[^"]')  # a chunk with text in it
+from tandem.bench.serve import TEXT_CHUNK
 
 
 async def stream_completion(host: str, port: int, body: dict) -> tuple[float, float, int]:
@@ -39,7 +38,7 @@ async def stream_completion(host: str, port: int, body: dict) -> tuple[float, fl
                 await reader.readline()
                 break
             parts.append((await reader.readexactly(size + 2))[:-2])
-            if not first and _TEXT.search(parts[-1]):
+            if not first and TEXT_CHUNK.search(parts[-1]):
                 first = time.perf_counter() - t0
     finally:
         writer.close()

@@ -44,7 +44,9 @@ async def _one(url: str, body: dict[str, Any], headers: dict[str, str]) -> dict[
 
 
 _ATTEMPTS = 3
-_TEXT = re.compile(rb'"text": ?"[^"]')  # a choice with text in it (a token's chunk)
+# A completion chunk with text in it (a token's), found without parsing the JSON: inside a
+# string a quote is escaped, so this can only be the key and the start of a non-empty value.
+TEXT_CHUNK = re.compile(rb'"text": ?"[^"]')
 
 
 async def _timed(url: str, body: dict[str, Any], headers: dict[str, str]) -> dict[str, Any]:
@@ -66,7 +68,7 @@ async def _timed(url: str, body: dict[str, Any], headers: dict[str, str]) -> dic
             # token's chunk cost this client (on the server's cores) about a fifth of its time.
             # Inside a string a quote is escaped, so `"usage"` is a key.
             if b'"usage"' not in line and b'"error"' not in line:
-                if _TEXT.search(line):
+                if TEXT_CHUNK.search(line):
                     stamps.append(time.perf_counter())
                 continue
             chunk = json.loads(line[6:])
