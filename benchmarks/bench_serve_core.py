@@ -18,8 +18,9 @@ the client took at 16 streams.
   python benchmarks/bench_serve_core.py --config default --config OMP_WAIT_POLICY=PASSIVE
   python benchmarks/bench_serve_core.py --repo /tmp/old-tandem  # another checkout's server
 
-A --config is `default` (what `tandem serve` sets) or VAR=VALUE[,VAR=VALUE] for the server's
-environment (the engine process inherits what the user set). --repo serves another checkout (for
+A --config is `default` (what `tandem serve` sets), VAR=VALUE[,VAR=VALUE] for the server's
+environment (the engine process inherits what the user set), or `tandem serve` flags
+(`--config="--stream-interval 8"`). --repo serves another checkout (for
 a before/after).
 """
 
@@ -217,13 +218,17 @@ def served(url: str) -> dict[str, Callable[[], float]]:
         CLIENT_CPU["sixteen"].append((time.process_time() - c0) / took)
         return sum(tokens for _, _, tokens in streams) / took
 
+    # one client a thread, made once as an application keeps its client: making an httpx.Client
+    # (its SSL context) takes ~27 ms of CPU, which a client per measurement put on the server's
+    # cores (0.44 s for 16, a third of a 16-stream measurement)
+    clients = [httpx.Client() for _ in range(16)]
+
     def sixteen_httpx() -> float:
-        """16 streams on 16 httpx threads, each chunk parsed as it comes (0.28 of a core)."""
+        """16 streams on 16 httpx threads, each chunk parsed as it comes."""
         tokens: list[int] = []
 
         def run(i: int) -> None:
-            with httpx.Client() as c:
-                tokens.append(_stream(c, url, f"{PROMPT} ({i})", 64)[2])
+            tokens.append(_stream(clients[i], url, f"{PROMPT} ({i})", 64)[2])
 
         threads = [threading.Thread(target=run, args=(i,)) for i in range(16)]
         t0, c0 = time.perf_counter(), time.process_time()
@@ -276,9 +281,13 @@ def compare(off: Offline, srv: dict[str, Callable[[], float]], rounds: int) -> d
 
 
 def _env(config: str) -> dict[str, str]:
-    if config == "default":
+    if config == "default" or config.startswith("--"):
         return {}
     return dict(item.split("=", 1) for item in config.split(","))
+
+
+def _flags(config: str) -> list[str]:
+    return config.split() if config.startswith("--") else []
 
 
 def main() -> None:
@@ -305,7 +314,7 @@ def main() -> None:
     for config in args.config or ["default"]:
         log = Path(f"/tmp/bench_serve_core_{os.getpid()}.log")
         proc = _start(Path(args.repo), args.model, args.max_model_len, _env(config), args.port,
-                      log)
+                      log, _flags(config))
         try:
             s = compare(off, served(f"http://127.0.0.1:{args.port}"), args.rounds)
         finally:

@@ -58,6 +58,10 @@ class SchedulerConfig:
     # blocks), "own" (a TLI draft: its positions differ, it has its own blocks), "none" (a
     # model-free method: no draft KV at all).
     draft_kv: str = "shared"
+    # A streamed request's output goes out at its first token, then once this many new tokens
+    # have come (and when it finishes): vLLM's --stream-interval, fewer, larger chunks for
+    # clients that pay per chunk.
+    stream_interval: int = 1
 
     @property
     def num_lookahead_tokens(self) -> int:
@@ -67,6 +71,10 @@ class SchedulerConfig:
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be at least 1, got {self.max_num_seqs}.")
+        if (not isinstance(self.stream_interval, int) or isinstance(self.stream_interval, bool)
+                or self.stream_interval < 1):
+            raise ValueError("stream_interval must be an integer of at least 1 (tokens per "
+                             f"streamed chunk), got {self.stream_interval!r}.")
         if self.max_num_batched_tokens < 1 + self.num_speculative_tokens:
             raise ValueError(
                 f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be larger than "
@@ -139,7 +147,8 @@ class EngineConfig:
                max_logprobs: int = 20, generation_config: str = "auto",
                load_format: str = "auto",
                compilation_config: Union[None, int, dict, CompilationConfig] = None,
-               cuda_graph_sizes: Optional[list[int]] = None, **unknown: Any) -> EngineConfig:
+               cuda_graph_sizes: Optional[list[int]] = None, stream_interval: int = 1,
+               **unknown: Any) -> EngineConfig:
         """`trust_remote_code` is accepted so vLLM call sites run unchanged: tandem only runs its
         own model code. `enforce_eager`, `compilation_config` and `cuda_graph_sizes` are vLLM's
         CUDA-graph settings (compilation_config.py)."""
@@ -174,7 +183,8 @@ class EngineConfig:
                                     else max(2048, 256 * (1 + k))),
             max_model_len=model_config.max_model_len, num_speculative_tokens=k,
             draft_kv=("shared" if spec is None else "none" if spec.model_free
-                      else "own" if spec.uses_vocab_mapping else "shared"))
+                      else "own" if spec.uses_vocab_mapping else "shared"),
+            stream_interval=stream_interval)
         compilation = CompilationConfig.create(compilation_config, cuda_graph_sizes,
                                                sched.max_num_seqs)
         cache = CacheConfig(block_size=block_size, enable_prefix_caching=enable_prefix_caching,

@@ -9,8 +9,10 @@ configuration; it answers `Ready` once the models are loaded (or `StartupFailed`
 and exits 1); should the API process close the channel meanwhile, it exits. Then, in each turn of
 the loop, it takes the commands that arrived (all of them when idle; at most `_COMMANDS_PER_STEP`
 between two steps, so a burst of admissions never stalls generation), runs one step, and sends
-one `EngineCoreOutputs` with everything the turn produced; while idle it sends an empty one every
-`HEARTBEAT_S`, so the API process can tell a quiet core from a stopped or hung one.
+one `EngineCoreOutputs` with everything the turn produced (nothing, when every output was held
+back: requests answered only when finished, or within the stream interval); when nothing else
+went for `HEARTBEAT_S`, busy or idle, it sends an empty one, so the API process can tell a quiet
+core from a stopped or hung one.
 
 It ignores SIGINT and SIGTERM: a Ctrl-C in a terminal reaches the whole process group, and the
 API process must be the one to decide (it drains the requests in flight first, which needs this
@@ -217,7 +219,8 @@ class EngineCore:
             if finished or handled or now - self._last_metrics >= _METRICS_INTERVAL_S \
                     or not self.engine.has_unfinished_requests():
                 out.metrics = self._metrics()
-            self.send(out)
+            if out or now - self._last_sent >= HEARTBEAT_S:  # nothing to say: a frame saved
+                self.send(out)
             if self._log_stats and now - last_log > self._log_interval_s:
                 last_log = now
                 logger.info(stats_line(out.metrics or self._metrics(), len(self._live)))

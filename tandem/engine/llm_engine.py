@@ -159,7 +159,8 @@ class LLMEngine:
         grammar = (self.grammars.prototype(params.structured_outputs)
                    if params.structured_outputs is not None else None)
         group = RequestGroup(request_id, text, ids, params, final_only,
-                             window=self.config.scheduler_config.max_num_seqs, grammar=grammar)
+                             window=self.config.scheduler_config.max_num_seqs, grammar=grammar,
+                             stream_interval=self.config.scheduler_config.stream_interval)
         self.parents[request_id] = group
         self._spawn(group)
         self.counters["prompt_tokens"] += len(ids) * params.n
@@ -303,7 +304,7 @@ class LLMEngine:
         self._failed = {}
         outputs = []
         for group in groups.values():
-            if group.final_only and not group.finished:
+            if not group.output_due():
                 continue
             outputs.append(group.make_output() if self.output_builder is None
                            else self.output_builder(group))

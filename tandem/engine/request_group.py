@@ -32,6 +32,8 @@ class RequestGroup:
     detoks: dict[str, IncrementalDetokenizer] = field(default_factory=dict)
     num_finished: int = 0
     error: Optional[str] = None  # set when the request failed inside the engine
+    stream_interval: int = 1  # a streamed request's output every this many tokens (and the ends)
+    tokens_sent: int = 0  # output tokens of all children when its last output went out
 
     @property
     def n(self) -> int:
@@ -40,6 +42,23 @@ class RequestGroup:
     @property
     def finished(self) -> bool:
         return self.error is not None or self.num_finished == self.n
+
+    def output_due(self) -> bool:
+        """Whether a step that changed this request sends its output, noting what it sends: a
+        final-only request's when it has finished; a streamed one's at its first output, when it
+        has finished, and otherwise once `stream_interval` tokens have come since the last (as
+        vLLM's --stream-interval: the first token is never held back)."""
+        if self.finished:
+            return True
+        if self.final_only:
+            return False
+        if self.stream_interval == 1:
+            return True
+        made = sum(len(c.output_token_ids) for c in self.children)
+        if self.tokens_sent and made - self.tokens_sent < self.stream_interval:
+            return False
+        self.tokens_sent = made
+        return True
 
     def spawn(self, make_child: Callable[[RequestGroup, int], Request]) -> list[Request]:
         """Create the children the window has room for (the first call creates the first ones)."""

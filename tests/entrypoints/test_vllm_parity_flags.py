@@ -79,7 +79,7 @@ def parity(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
         "--block-size", "32", "--response-role", "bot", "--kv-cache-dtype", "auto",
         "--quantization", "none", "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
         "--pipeline-parallel-size", "1", "--distributed-executor-backend", "mp",
-        "--enable-chunked-prefill", "--swap-space", "4")
+        "--enable-chunked-prefill", "--swap-space", "4", "--stream-interval", "3")
     config = root / "serve.yaml"
     config.write_text("\n".join([
         f"model: {model}", "host: 127.0.0.1", f"port: {yaml_port}",
@@ -143,6 +143,13 @@ def test_accepted_flags_start_one_server_and_take_effect(parity: ParityServers) 
     r = oa.chat.completions.create(model=srv.model, messages=MESSAGES, tools=TOOLS,
                                    tool_choice="auto", max_tokens=4, temperature=0)
     assert r.choices[0].message.tool_calls == [] and r.choices[0].finish_reason == "length"
+    # --stream-interval 3: the first token at once, then three at a time, the rest at the end
+    counts = [c.usage.completion_tokens for c in oa.completions.create(
+        model=srv.model, prompt="Once upon a time", max_tokens=8, temperature=0,
+        extra_body={"ignore_eos": True}, stream=True,
+        stream_options={"include_usage": True, "continuous_usage_stats": True}) if c.choices]
+    assert counts[-1] == 8 and len(counts) <= 4, counts
+    assert all(b - a >= 3 for a, b in zip(counts[:-2], counts[1:-1])), counts
     log = srv.log()
     for flag in ("--trust-remote-code", "--enable-chunked-prefill", "--swap-space"):
         assert f"{flag} has no effect: {NO_EFFECT[flag]}" in log, log

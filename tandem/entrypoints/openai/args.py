@@ -188,6 +188,10 @@ def make_serve_parser(parser: Optional[argparse.ArgumentParser] = None) -> argpa
     p.add_argument("--stream-stall-timeout-s", type=parse_seconds, default=300.0,
                    help="seconds a streaming client may read nothing before its request is "
                         "aborted and its KV blocks freed")
+    p.add_argument("--stream-interval", type=int, default=1,
+                   help="tokens per streamed chunk: a stream's first token goes at once, then "
+                        "a chunk each time this many have come, and the rest at the end (vLLM's "
+                        "flag; above 1 a client parses fewer, larger chunks)")
     p.add_argument("--enable-log-requests", action=argparse.BooleanOptionalAction,
                    default=False, help="log every request's id, prompt length and parameters")
     p.add_argument("--disable-log-requests", action="store_true",
@@ -287,7 +291,7 @@ def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
                 kv_cache_dtype=args.kv_cache_dtype, max_logprobs=args.max_logprobs,
                 generation_config=args.generation_config, load_format=args.load_format,
                 enforce_eager=args.enforce_eager, compilation_config=args.compilation_config,
-                cuda_graph_sizes=args.cuda_graph_sizes)
+                cuda_graph_sizes=args.cuda_graph_sizes, stream_interval=args.stream_interval)
 
 
 def one_line(error: BaseException) -> str:
