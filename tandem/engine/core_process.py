@@ -12,7 +12,8 @@ between two steps, so a burst of admissions never stalls generation), runs one s
 one `EngineCoreOutputs` with everything the turn produced (nothing, when every output was held
 back: requests answered only when finished, or within the stream interval); when nothing else
 went for `HEARTBEAT_S`, busy or idle, it sends an empty one, so the API process can tell a quiet
-core from a stopped or hung one.
+core from a stopped or hung one. Frames leave through an outbox (`core_channel.py`) that never
+waits for the API process to read, up to a bound.
 
 It ignores SIGINT and SIGTERM: a Ctrl-C in a terminal reaches the whole process group, and the
 API process must be the one to decide (it drains the requests in flight first, which needs this
@@ -37,6 +38,7 @@ from collections import deque
 from typing import Any, Optional
 
 from tandem.distributed.errors import WorkerDiedError
+from tandem.engine.core_channel import RECV_BYTES, ChannelClosed, Outbox, read_config
 from tandem.engine.core_messages import (AbortRequests, AddRequest, AddResult, ClientMessage,
                                          EngineCoreOutputs, FrameBuffer, Ready, Shutdown,
                                          StartupFailed, UtilityCall, UtilityResult,
@@ -57,11 +59,6 @@ _COMMANDS_PER_STEP = 64   # commands taken between two steps while generating
 # cost a token. Scrapers poll every few seconds.
 _METRICS_INTERVAL_S = 0.5
 _GRAMMAR_POLL_S = 0.005   # how often an idle loop looks for a grammar compiled in the background
-_RECV_BYTES = 1 << 20
-
-
-class ChannelClosed(Exception):
-    """The API process closed its end: nobody is left to serve."""
 
 
 class _ShutdownRequested(Exception):
@@ -78,6 +75,7 @@ class EngineCore:
         self.sock = sock
         self.sock.setblocking(True)
         self._frames = FrameBuffer()
+        self._outbox = Outbox(sock)  # frames go without waiting for the API process to read
         self._inbox: deque[ClientMessage] = deque()
         self._encoder = DeltaEncoder()
         self._live: set[str] = set()  # requests added and neither finished nor aborted
@@ -92,18 +90,19 @@ class EngineCore:
     # ---- the channel -------------------------------------------------------------------------
 
     def send(self, message: Any) -> None:
-        try:
-            self.sock.sendall(encode_frame(message))
-            self._last_sent = time.monotonic()
-        except (BrokenPipeError, ConnectionResetError):
-            raise ChannelClosed() from None
+        self._outbox.put(encode_frame(message))
+        self._last_sent = time.monotonic()
 
     def _read(self, timeout: Optional[float]) -> None:
-        """Move whatever arrived (waiting up to `timeout` for the first bytes) into the inbox."""
-        ready, _, _ = select.select([self.sock], [], [], timeout)
+        """Move whatever arrived (waiting up to `timeout` for the first bytes) into the inbox;
+        send more of the outbox if the socket takes it."""
+        pending = [self.sock] if self._outbox.pending else []
+        ready, writable, _ = select.select([self.sock], pending, [], timeout)
+        if writable:
+            self._outbox.flush()
         while ready:
             try:
-                data = self.sock.recv(_RECV_BYTES, socket.MSG_DONTWAIT)
+                data = self.sock.recv(RECV_BYTES, socket.MSG_DONTWAIT)
             except BlockingIOError:
                 break
             except ConnectionResetError:
@@ -111,7 +110,7 @@ class EngineCore:
             if not data:
                 raise ChannelClosed()
             self._inbox.extend(self._frames.feed(data))
-            if len(data) < _RECV_BYTES:
+            if len(data) < RECV_BYTES:
                 break
 
     # ---- commands ----------------------------------------------------------------------------
@@ -166,7 +165,11 @@ class EngineCore:
         cannot go on (1, after telling the API process why)."""
         try:
             self._loop()
-        except (_ShutdownRequested, ChannelClosed):
+        except _ShutdownRequested:
+            self._shutdown_engine()
+            self._drain()
+            return 0
+        except ChannelClosed:
             self._shutdown_engine()
             return 0
         except BaseException as e:  # noqa: BLE001 - the loop is gone; say so, then exit 1
@@ -176,8 +179,16 @@ class EngineCore:
                 self.send(EngineCoreOutputs(dead=f"{type(e).__name__}: {e}"))
             except (ChannelClosed, OSError):
                 pass  # the API process is gone too; it has nobody to tell
+            self._drain()
             return 1
         return 0
+
+    def _drain(self) -> None:
+        """What the outbox holds, to an API process that still reads (a few seconds at most)."""
+        try:
+            self._outbox.drain(timeout=5.0)
+        except (ChannelClosed, OSError):
+            pass
 
     def _shutdown_engine(self) -> None:
         self._grammar_wait.shutdown()
@@ -265,17 +276,6 @@ class EngineCore:
 
 # ---- the process --------------------------------------------------------------------------------
 
-def _read_config(sock: socket.socket) -> tuple[Any, bool]:
-    frames = FrameBuffer()
-    while True:
-        data = sock.recv(_RECV_BYTES)
-        if not data:
-            raise ChannelClosed()
-        messages = frames.feed(data)
-        if messages:
-            return messages[0]
-
-
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tandem.engine.core_process")
     parser.add_argument("--fd", type=int, required=True, help="this end of the socketpair")
@@ -290,7 +290,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     from tandem.entrypoints.openai.args import one_line
     setup_logging()
     try:
-        config, log_stats = _read_config(sock)
+        config, log_stats = read_config(sock)
     except ChannelClosed:
         return 0
     logger.info("engine core process %d: loading", os.getpid())
