@@ -47,12 +47,14 @@ TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_atte
             num_key_value_heads=2, head_dim=16)
 
 
-def write_config(out: Path, shape: dict, vocab_size: int = 151936) -> str:
+def write_config(out: Path, shape: dict, vocab_size: int = 151936,
+                 max_position_embeddings: int = 4096) -> str:
     from transformers import Qwen3Config
 
     from tiny_models import build_bytelevel_tokenizer
     out.mkdir(parents=True, exist_ok=True)
-    cfg = Qwen3Config(vocab_size=vocab_size, max_position_embeddings=4096, rms_norm_eps=1e-6,
+    cfg = Qwen3Config(vocab_size=vocab_size, max_position_embeddings=max_position_embeddings,
+                      rms_norm_eps=1e-6,
                       rope_theta=1000000.0, architectures=["Qwen3ForCausalLM"],
                       bos_token_id=1, eos_token_id=2, dtype="bfloat16", **shape)
     cfg.save_pretrained(out)
