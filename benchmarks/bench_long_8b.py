@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import resource
 import sys
 import tempfile
 import time
@@ -33,7 +32,7 @@ sys.path.insert(0, str(ROOT / "tests"))  # the tiny tokenizer builder (no downlo
 
 from bench_gpu import QWEN3_8B, TINY, write_config  # noqa: E402
 
-from tandem.bench.common import cpu_name, rss_mb  # noqa: E402
+from tandem.bench.common import cpu_name, process_memory, rss_mb  # noqa: E402
 
 
 def mem_total_gib() -> float:
@@ -109,7 +108,7 @@ def main() -> None:
     total = time.perf_counter() - t0
     preempted = engine.scheduler.num_preemptions
     decode_rate = args.seqs * len(decode_steps) / sum(decode_steps) if decode_steps else 0.0
-    peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    peak_mib = process_memory()["peak_rss_mb"]
     result = {"cpu": cpu_name(), "smoke": args.smoke, "shape": shape, "seqs": args.seqs,
               "depth": args.depth, "tokens": args.tokens, "kv_cache_dtype": args.kv_cache_dtype,
               "kv_blocks": engine.num_blocks, "kv_bytes": kv_bytes,

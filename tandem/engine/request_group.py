@@ -33,7 +33,7 @@ class RequestGroup:
     num_finished: int = 0
     error: Optional[str] = None  # set when the request failed inside the engine
     stream_interval: int = 1  # a streamed request's output every this many tokens (and the ends)
-    tokens_sent: int = 0  # output tokens of all children when its last output went out
+    tokens_sent: int = 0  # its longest child's output tokens when its last output went out
 
     @property
     def n(self) -> int:
@@ -46,15 +46,16 @@ class RequestGroup:
     def output_due(self) -> bool:
         """Whether a step that changed this request sends its output, noting what it sends: a
         final-only request's when it has finished; a streamed one's at its first output, when it
-        has finished, and otherwise once `stream_interval` tokens have come since the last (as
-        vLLM's --stream-interval: the first token is never held back)."""
+        has finished, and otherwise once its longest child has `stream_interval` tokens more than
+        at the last (as vLLM's --stream-interval, where each of n choices is a request of its
+        own: the first token is never held back, and n choices in step come N tokens a chunk)."""
         if self.finished:
             return True
         if self.final_only:
             return False
         if self.stream_interval == 1:
             return True
-        made = sum(len(c.output_token_ids) for c in self.children)
+        made = max(len(c.output_token_ids) for c in self.children)
         if self.tokens_sent and made - self.tokens_sent < self.stream_interval:
             return False
         self.tokens_sent = made

@@ -12,9 +12,11 @@ from tandem.engine.llm_engine import LLMEngine
 PARAMS = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
 
 
-def _streamed(engine: LLMEngine, prompt: str) -> list[tuple[int, bool, str]]:
-    """(tokens so far, finished, text) of every output one streamed request gets."""
-    engine.add_request("r", prompt, PARAMS)  # not final_only: an output per step it is due
+def _streamed(engine: LLMEngine, prompt: str, params: SamplingParams = PARAMS
+              ) -> list[tuple[int, bool, str]]:
+    """(tokens so far, finished, text) of every output one streamed request gets (its first
+    choice's)."""
+    engine.add_request("r", prompt, params)  # not final_only: an output per step it is due
     seen = []
     while engine.has_unfinished_requests():
         for out in engine.step():
@@ -42,6 +44,12 @@ def test_plain_decoding_sends_the_first_token_then_every_fourth(engines, prompts
     # each chunk's text is the text of interval 1 at that many tokens
     at = {n: text for n, _, text in every}
     assert all(text == at[n] for n, _, text in chunked)
+
+
+def test_n_choices_in_step_come_four_tokens_a_chunk(engines, prompts) -> None:
+    params = SamplingParams(n=3, temperature=1.0, seed=7, max_tokens=16, ignore_eos=True)
+    chunked = _streamed(engines["plain-4"], prompts[0], params)
+    assert [n for n, _, _ in chunked] == [1, 5, 9, 13, 16]  # each choice's, not 4 / 3 of them
 
 
 def test_speculative_bursts_wait_for_six_tokens(engines, prompts) -> None:
