@@ -80,6 +80,7 @@ class Request:
     steps_awaiting: int = 0        # steps sat out waiting for them
     draft_probs: Optional[torch.Tensor] = None                # [k, V] q of each draft, or None
     draft_method: str = "draft_model"  # what proposed spec_token_ids: draft_model, ngram, suffix
+    lookup_streak: bool = False  # its last verified drafts were accepted whole (adaptive k)
     draft: DraftState = field(default_factory=DraftState)
     spec_stats: Optional[SpecDecodeRequestStats] = None
     grammar: Optional[Any] = None     # a GrammarMatcher (structured outputs), or None

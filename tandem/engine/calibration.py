@@ -94,6 +94,7 @@ def calibrate(engine: Engine) -> None:
     if padded:
         engine.proposer.fill = False
         controller.hits, controller.misses = [0.0] * k_max, [0.0] * k_max
+        controller.streak_hits, controller.streak_misses = [0.0] * k_max, [0.0] * k_max
         # Padding covered every position: a lookup's coverage starts from its prior too.
         controller.covered, controller.offered = [0.0] * k_max, [0.0] * k_max
     drafting.calibration = controller

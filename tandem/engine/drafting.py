@@ -50,6 +50,8 @@ class Drafting:
         if adaptive and k == 0:
             raise ValueError("adaptive speculation needs k >= 1")
         self.proposer.k = self.k = k
+        if self.model_free:
+            self.proposer.by_streak = None
         self.adaptive = self.fresh_controller(k) if adaptive else None
         self._decoding = False
 
@@ -65,10 +67,17 @@ class Drafting:
         return propose_isolated(self.proposer, running, self.fail)
 
     def after_step(self, running: list[Request]) -> None:
+        by_streak: Optional[tuple[int, int]] = None  # a lookup's k per request state
         if self.forced:
             k = self.forced.popleft()
+        elif self.adaptive is None:
+            k = self.k
+        elif self.model_free:
+            streak = sum(r.lookup_streak for r in running)
+            by_streak = self.adaptive.choose_lookup(len(running) - streak, streak)
+            k = max(by_streak)
         else:
-            k = self.k if self.adaptive is None else self.adaptive.choose(len(running))
+            k = self.adaptive.choose(len(running))
         if self.schedule is not None:
             k = min(k, self.schedule.cap(len(running)))
         if k == 0:  # drafting is off, or plain decoding pays more now: skip the draft entirely
@@ -76,6 +85,8 @@ class Drafting:
                 req.awaiting_drafts = False
             return
         self.proposer.k = k
+        if self.model_free:
+            self.proposer.by_streak = by_streak
         if self.adaptive is None:
             propose_isolated(self.proposer, running, self.fail)
             return
@@ -87,9 +98,11 @@ class Drafting:
         if self._decoding and computed > 0 and not self.model_free:
             self.adaptive.observe_draft(len(running), k, time.perf_counter() - t0)
         if self.model_free:  # how often the lookup finds something, for the cost of k
-            self.adaptive.observe_proposals(k, [len(r.spec_token_ids) for r in running
-                                                if not r.status.finished
-                                                and r.num_computed_tokens >= r.num_tokens - 1])
+            decoding = [r for r in running
+                        if not r.status.finished and r.num_computed_tokens >= r.num_tokens - 1]
+            self.adaptive.observe_proposals(
+                [self.proposer.asked(r) for r in decoding],
+                [len(r.spec_token_ids) for r in decoding])
 
     def observe_target(self, sched: SchedulerOutput, seconds: float) -> None:
         if self.adaptive is None:
@@ -100,6 +113,8 @@ class Drafting:
             self.adaptive.observe_target(sum(s.num_new_tokens for s in sched.scheduled),
                                          seconds)
 
-    def observe_acceptance(self, num_drafted: int, num_accepted: int) -> None:
-        if self.adaptive is not None:
-            self.adaptive.observe_acceptance(num_drafted, num_accepted)
+    def observe_acceptance(self, num_drafted: int, num_accepted: int, streak: bool = False
+                           ) -> None:
+        if self.adaptive is not None:  # a lookup's evidence by request state (choose_lookup)
+            self.adaptive.observe_acceptance(num_drafted, num_accepted,
+                                             streak and self.model_free)

@@ -25,10 +25,12 @@ ORIGINS = {"draft_model": "draft", "ngram": "ngram", "suffix": "suffix"}
 
 class SpecTracker:
     def __init__(self, metrics: Optional[SpecDecodeMetrics], k: int,
-                 on_verified: Optional[Callable[[int, int], None]] = None) -> None:
+                 on_verified: Optional[Callable[[int, int, bool], None]] = None) -> None:
         self.metrics = metrics
         self.k = k
-        self.on_verified = on_verified  # (drafted, accepted) of each verify: adaptive k
+        # (drafted, accepted, whether the request's previous drafts were all accepted) of each
+        # verify: adaptive k
+        self.on_verified = on_verified
         # this step's verified drafts and the origin of accepted ones, by request id
         self._drafts: dict[str, tuple[list[int], str]] = {}
 
@@ -37,6 +39,7 @@ class SpecTracker:
         self._drafts = {}
         for s in sched.scheduled:
             rid = s.request.request_id
+            streak, s.request.lookup_streak = s.request.lookup_streak, False
             if s.spec_token_ids and rid in result.sampled:
                 self._drafts[rid] = (s.spec_token_ids,  # read only, before the next step
                                      ORIGINS.get(s.request.draft_method, "draft"))
@@ -44,8 +47,9 @@ class SpecTracker:
                 if self.metrics is not None:
                     self.metrics.observe(len(s.spec_token_ids), accepted,
                                          s.request.draft_method)
+                s.request.lookup_streak = accepted == len(s.spec_token_ids)
                 if self.on_verified is not None:
-                    self.on_verified(len(s.spec_token_ids), accepted)
+                    self.on_verified(len(s.spec_token_ids), accepted, streak)
                 if s.request.spec_stats is not None:
                     s.request.spec_stats.record(len(s.spec_token_ids), accepted, self.k)
 

@@ -27,6 +27,11 @@ weighs the older ones down by `decay`, and every step weighs all of them down by
 draft that was useless long ago is tried again. A position never observed borrows its prior
 mean from the one before it (the first from 1/2), `prior_weight` observations' worth.
 
+A lookup (model-free drafting) is asked per request, by its state: the requests whose last
+proposal was accepted whole (a copy in progress) keep evidence apart from the others, and each
+step picks the pair of k that pays best for the batch's mix of the two (`choose_lookup`). A draft
+model's k stays one for the batch: its passes run for all requests at once.
+
 Lossless whatever it picks: every step is an ordinary speculative (or plain) step. Under
 rejection_sample_method "standard" a seeded request's tokens then depend on timing (k changes
 which uniforms a position uses); under the default "auto" (and "gumbel") they cannot: seeded
@@ -37,85 +42,9 @@ calibration (engine/calibration.py).
 from __future__ import annotations
 
 import random
-from collections import deque
-from typing import Optional
+from typing import Optional, Union
 
-
-class _CostCurve:
-    """Seconds against a size (tokens in a forward, or a batch size), from the recent mean time
-    of each size seen (its last `window` times, less those over twice the least of them), each
-    weighted by the times it keeps, and a line fitted by least squares to those means.
-
-    Why the least of them: a step the OS preempted takes a timeslice more (4-5 ms where tiny
-    models' passes take 0.3 ms, on a machine with both cores busy), and the mean of a size timed
-    twice at calibration then priced it out; a size no longer chosen is no longer timed, so the
-    price stayed, and adaptive k kept drafting for a useless draft (a quarter of runs under
-    load). A slower machine for good still shows: after `window` times, the least is slow too.
-
-    Why means per size: fitted to every observation instead, the line took its slope from the
-    few latest steps of an odd size: one slow step of 2 tokens among steps of 1 made a token
-    cost half a step. `fit(lo, hi)` uses the sizes within a factor of two of [lo, hi] (where
-    there are two), since costs bend between a few tokens and many.
-
-    A size's cost (`at`) is its own mean shrunk towards the line, by `prior_weight`
-    observations' worth. The line alone misprices a bend: a verify pass costs the same for 1 to
-    4 tokens while it streams the weights, then rises once the multiply-adds take longer
-    (measured on an AMD EPYC, 2 cores: 67, 66, 80 and 87 ms for 1, 4, 5 and 6 tokens), and the
-    line through them made 4 tokens look 13% dearer and 6 tokens 5% cheaper than they were
-    (simulated, 65 steps: 0.93x the best fixed k instead of 0.96x). The mean alone would let
-    one slow step price its size out for good; shrunk, a size seen once still leans on the
-    line."""
-
-    def __init__(self, window: int = 5, max_sizes: int = 64, prior_weight: float = 1.0
-                 ) -> None:
-        self.window = window
-        self.max_sizes = max_sizes
-        self.prior_weight = prior_weight
-        self.sizes: dict[int, deque[float]] = {}  # size -> its last `window` times (s)
-
-    def observe(self, size: int, seconds: float) -> None:
-        self.sizes.setdefault(size, deque(maxlen=self.window)).append(seconds)
-        if len(self.sizes) > self.max_sizes:  # forget the size with the least evidence
-            del self.sizes[min((s for s in self.sizes if s != size),
-                               key=lambda s: len(self.sizes[s]))]
-
-    def _mean(self, size: int) -> tuple[float, float]:
-        """(sum, count) of `size`'s recent times within twice the least of them."""
-        times = self.sizes.get(size, ())
-        if not times:
-            return 0.0, 0.0
-        kept = [t for t in times if t <= 2 * min(times)]
-        return sum(kept), float(len(kept))
-
-    @property
-    def ready(self) -> bool:
-        return bool(self.sizes)
-
-    def fit(self, lo: float, hi: float) -> tuple[float, float]:
-        """(a, b): seconds ~ a + b * size around [lo, hi]."""
-        near = [s for s in self.sizes if lo / 2 <= s <= 2 * hi]
-        used = near if len(near) >= 2 else list(self.sizes)
-        sums = [self._mean(s) for s in used]
-        w = [count for _, count in sums]
-        y = [total / count for total, count in sums]
-        n = sum(w)
-        mean_x = sum(wi * x for wi, x in zip(w, used)) / n
-        mean_y = sum(wi * yi for wi, yi in zip(w, y)) / n
-        var = sum(wi * (x - mean_x) ** 2 for wi, x in zip(w, used))
-        if var <= 1e-12 * max(1.0, mean_x * mean_x):  # one size seen: proportional
-            return 0.0, mean_y / mean_x
-        slope = max(0.0, sum(wi * (x - mean_x) * (yi - mean_y)
-                             for wi, x, yi in zip(w, used, y)) / var)
-        return max(0.0, mean_y - slope * mean_x), slope
-
-    def at(self, size: int, line: tuple[float, float]) -> float:
-        """The cost of `size`: its mean, shrunk towards `line` (a, b) from `fit`."""
-        total, weight = self._mean(size)
-        prior = max(1e-6, line[0] + line[1] * size)
-        return (total + self.prior_weight * prior) / (weight + self.prior_weight)
-
-    def __call__(self, size: int) -> float:
-        return self.at(size, self.fit(size, size))
+from tandem.spec_decode.cost_curve import CostCurve
 
 
 class AdaptiveK:
@@ -130,13 +59,17 @@ class AdaptiveK:
         # Faded counts of acceptances and rejections of each position (given the ones before).
         self.hits = [0.0] * k_max
         self.misses = [0.0] * k_max
+        # A lookup's, apart, for the requests whose last proposal was accepted whole: a copy in
+        # progress goes on, a proposal after a miss often does not (choose_lookup).
+        self.streak_hits = [0.0] * k_max
+        self.streak_misses = [0.0] * k_max
         # A lookup (model-free drafting) proposes only where the text repeats: faded counts of
         # the sequences that got a draft at each position, out of those that could have. None
         # for a draft model, which drafts every position asked for.
         self.covered: Optional[list[float]] = None
         self.offered = [0.0] * k_max
-        self.target = _CostCurve()  # seconds per decode/verify forward vs tokens in it
-        self.draft = _CostCurve()   # seconds per draft pass vs batch size
+        self.target = CostCurve()  # seconds per decode/verify forward vs tokens in it
+        self.draft = CostCurve()   # seconds per draft pass vs batch size
         self.steps = 0
         self.last_k = k_max
 
@@ -145,6 +78,7 @@ class AdaptiveK:
         on, past its warm-up: what a calibrated controller starts from."""
         self.k_max = k
         self.hits, self.misses = self.hits[:k], self.misses[:k]
+        self.streak_hits, self.streak_misses = self.streak_hits[:k], self.streak_misses[:k]
         self.offered = self.offered[:k]
         if self.covered is not None:
             self.covered = self.covered[:k]
@@ -154,29 +88,40 @@ class AdaptiveK:
 
     # ---- measurements ----------------------------------------------------------------------
 
-    def observe_acceptance(self, num_drafted: int, num_accepted: int) -> None:
+    def observe_acceptance(self, num_drafted: int, num_accepted: int, streak: bool = False
+                           ) -> None:
         """One sequence's verify step: positions 1..accepted+1 were tried (the last rejected
-        unless all were accepted)."""
+        unless all were accepted). `streak`: a lookup's proposal to a request whose previous
+        one was accepted whole."""
         d = self.decay
+        hits, misses = ((self.streak_hits, self.streak_misses) if streak
+                        else (self.hits, self.misses))
         for i in range(min(num_drafted, num_accepted + 1)):
             hit = i < num_accepted
-            self.hits[i] = d * self.hits[i] + hit
-            self.misses[i] = d * self.misses[i] + (not hit)
+            hits[i] = d * hits[i] + hit
+            misses[i] = d * misses[i] + (not hit)
 
-    def observe_proposals(self, k: int, lengths: list[int]) -> None:
-        """A lookup's step: it was asked for up to k drafts per sequence and proposed
-        `lengths`."""
+    def observe_proposals(self, k: Union[int, list[int]], lengths: list[int]) -> None:
+        """A lookup's step: it was asked for up to k drafts per sequence (or k[j] for sequence
+        j) and proposed `lengths`."""
         if self.covered is None:
             self.covered = [0.0] * self.k_max
-        d, k = self.decay, min(k, self.k_max)
-        ending = [0] * (k + 1)  # sequences whose drafts end at each length (once per step)
-        for n in lengths:
-            ending[min(n, k)] += 1
-        got = len(lengths)
-        for i in range(k):
-            got -= ending[i]  # now: sequences with more than i drafts
+        asked = [k] * len(lengths) if isinstance(k, int) else k
+        d, top = self.decay, self.k_max
+        ask_end = [0] * (top + 1)  # sequences asked for exactly a drafts
+        got_end = [0] * (top + 1)  # sequences given exactly n of those (once per step)
+        for a, n in zip(asked, lengths):
+            a = min(a, top)
+            ask_end[a] += 1
+            got_end[min(n, a)] += 1
+        offered = got = len(lengths)
+        for i in range(top):
+            offered -= ask_end[i]  # now: sequences asked for more than i drafts
+            got -= got_end[i]      # and given more than i
+            if offered == 0:
+                break
             self.covered[i] = d * self.covered[i] + got
-            self.offered[i] = d * self.offered[i] + len(lengths)
+            self.offered[i] = d * self.offered[i] + offered
 
     @property
     def lookup(self) -> bool:
@@ -201,10 +146,13 @@ class AdaptiveK:
 
     # ---- the model -------------------------------------------------------------------------
 
-    def _posteriors(self) -> list[tuple[float, float]]:
-        """Beta(a, b) for each position's conditional acceptance."""
+    def _posteriors(self, streak: bool = False) -> list[tuple[float, float]]:
+        """Beta(a, b) for each position's conditional acceptance (`streak`: a lookup's after a
+        proposal accepted whole)."""
         out, prior = [], 0.5
-        for hits, misses in zip(self.hits, self.misses):
+        evidence = (zip(self.streak_hits, self.streak_misses) if streak
+                    else zip(self.hits, self.misses))
+        for hits, misses in evidence:
             a = hits + self.prior_weight * prior
             b = misses + self.prior_weight * (1 - prior)
             out.append((a, b))
@@ -249,12 +197,55 @@ class AdaptiveK:
                                                    and (self.lookup or self.draft.ready)):
             self.last_k = self.k_max  # measure everything first
             return self.last_k
-        f = self.forget
-        self.hits = [f * h for h in self.hits]
-        self.misses = [f * m for m in self.misses]
+        self._fade()
         drawn = [self.rng.betavariate(a, b) for a, b in self._posteriors()]
         costs = self.costs(batch_size)
         cover = self.coverage()
         self.last_k = max(range(self.k_max + 1),
                           key=lambda k: self.expected_tokens(k, drawn, cover) / costs[k])
         return self.last_k
+
+    def choose_lookup(self, plain: int, streak: int) -> tuple[int, int]:
+        """A lookup's k for the next step: (k for the `plain` requests, k for the `streak`
+        ones, whose last proposal was accepted whole), the pair that maximizes the batch's
+        expected tokens per second. One k for all wastes verify rows at one end or tokens at
+        the other: replaying n-gram lookups over SmolLM2's greedy outputs of the repetitive
+        prompts at an AMD EPYC's verify costs (`benchmarks/lookup_policy_replay.py`), the best
+        pair beat the best single k by 5% (k = 1-2 after a miss, 6 in a streak)."""
+        batch = plain + streak
+        self.steps += 1
+        if batch <= 0:
+            return self.last_k, self.last_k
+        if self.steps <= self.warmup_steps or not self.target.ready:
+            self.last_k = self.k_max
+            return self.k_max, self.k_max
+        self._fade()
+        cover = self.coverage()
+        gains = []  # per state: expected tokens for k = 0..K, from one draw of its posteriors
+        for state in (False, True):
+            drawn = [self.rng.betavariate(a, b) for a, b in self._posteriors(state)]
+            gains.append([self.expected_tokens(k, drawn, cover) for k in range(self.k_max + 1)])
+        drafts = [0.0]  # expected drafts a request verifies with k asked: sum of coverage
+        for c in cover:
+            drafts.append(drafts[-1] + c)
+        line = self.target.fit(batch, batch * (self.k_max + 1))
+        priced: dict[int, float] = {}
+        best, pair = -1.0, (0, 0)
+        for k0 in range(self.k_max + 1):
+            for k1 in range(self.k_max + 1 if streak else 1):
+                size = max(batch, round(batch + plain * drafts[k0] + streak * drafts[k1]))
+                if size not in priced:
+                    priced[size] = self.target.at(size, line)
+                rate = (plain * gains[0][k0] + streak * gains[1][k1]) / priced[size]
+                if rate > best:
+                    best, pair = rate, (k0, k1)
+        self.last_k = max(pair)
+        return pair
+
+    def _fade(self) -> None:
+        """Every step weighs all acceptance evidence down by `forget`."""
+        f = self.forget
+        self.hits = [f * h for h in self.hits]
+        self.misses = [f * m for m in self.misses]
+        self.streak_hits = [f * h for h in self.streak_hits]
+        self.streak_misses = [f * m for m in self.streak_misses]

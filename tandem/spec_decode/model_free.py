@@ -99,6 +99,10 @@ class ModelFreeProposer:
     def __init__(self, lookup: Lookup, num_speculative_tokens: int, max_len: int) -> None:
         self.lookup = lookup
         self.k = num_speculative_tokens
+        # Adaptive k's choice per request state (AdaptiveK.choose_lookup): at most by_streak[0]
+        # drafts for a request whose last drafts were not all accepted, by_streak[1] for one
+        # whose were; None: k for every request.
+        self.by_streak: Optional[tuple[int, int]] = None
         self.max_len = max_len  # drafting stops here (the target's, or speculative max_model_len)
         # Load-time calibration times every verify size, so it wants k drafts at every step,
         # found or not: with `fill`, a short proposal is padded (with the last token; what is
@@ -116,7 +120,7 @@ class ModelFreeProposer:
             if req.spec_token_ids:
                 continue  # drafts still to verify (the step skipped it, or it was preempted)
             req.awaiting_drafts = False  # a lookup never keeps a request waiting
-            k = req.drafts_allowed(self.k, self.max_len)
+            k = req.drafts_allowed(self.asked(req), self.max_len)
             drafts = self.lookup.propose(req, k) if k > 0 else []
             drafts = _grammar_prefix(req.grammar, drafts[:k])
             if self.fill and k > 0:
@@ -126,6 +130,12 @@ class ModelFreeProposer:
             req.draft_method = self.lookup.name
             total += len(drafts)
         return total
+
+    def asked(self, req: Request) -> int:
+        """The most drafts this step's k allows `req` (by its state, under adaptive k)."""
+        if self.by_streak is None:
+            return self.k
+        return min(self.k, self.by_streak[req.lookup_streak])
 
     def finished(self, req: Request) -> None:
         self.lookup.finished(req, keep=self.learn)

@@ -88,8 +88,8 @@ def test_a_rare_size_keeps_its_evidence_and_far_sizes_do_not_bend_the_line() -> 
     # The useless-draft run that found it: steps of 1 token take 27 ms, of 2 tokens 28.6 ms;
     # one step of 2 tokens took 42 ms. A line fitted to all steps with fading weights then
     # gave 14 ms per token, as the earlier 2-token steps had faded behind the 1-token ones.
-    from tandem.spec_decode.adaptive import _CostCurve
-    curve = _CostCurve()
+    from tandem.spec_decode.cost_curve import CostCurve
+    curve = CostCurve()
     for _ in range(5):
         curve.observe(2, 0.0286)
     for _ in range(100):
@@ -109,8 +109,8 @@ def test_a_preempted_step_does_not_price_its_size_out_but_a_slower_machine_does(
     # Tiny models on a machine with both cores busy: passes of 0.3 ms, and one of them preempted
     # for a timeslice (4.9 ms). Its size, timed twice at calibration and then never chosen
     # again, kept a mean of 2.6 ms, and adaptive k drafted for a useless draft to avoid it.
-    from tandem.spec_decode.adaptive import _CostCurve
-    curve = _CostCurve()
+    from tandem.spec_decode.cost_curve import CostCurve
+    curve = CostCurve()
     for n in (1, 2, 3):
         curve.observe(n, 0.0003)
     curve.observe(1, 0.0049)
@@ -144,8 +144,8 @@ def test_a_timed_size_costs_what_it_measured_not_what_the_line_says() -> None:
     best = max(range(6), key=lambda k: ad.expected_tokens(k, rates) / costs[k])
     assert best == 3
     # A size seen once leans on the line as much as on its one time.
-    from tandem.spec_decode.adaptive import _CostCurve
-    curve = _CostCurve()
+    from tandem.spec_decode.cost_curve import CostCurve
+    curve = CostCurve()
     for n in (1, 2, 3):
         curve.observe(n, 0.010 * n)
     curve.observe(4, 0.080)
@@ -292,3 +292,50 @@ def test_a_lookup_prices_only_the_drafts_it_finds() -> None:
     ad.covered = None
     ad.observe_draft(16, 1, 1e-9)
     assert ad.costs(16)[4] == pytest.approx((5 + 16 * 5) / 1000, rel=0.02)
+
+
+def _lookup_controller(k_max: int) -> AdaptiveK:
+    ad = AdaptiveK(k_max, warmup_steps=0)
+    for n in range(1, 80):
+        ad.observe_target(n, (5 + 1.0 * n) / 1000)  # 5 ms + 1 ms a token, exactly
+    ad.observe_proposals(k_max, [k_max])  # a lookup, which found every draft asked
+    ad.covered, ad.offered = [1e4] * k_max, [1e4] * k_max
+    return ad
+
+
+def test_a_lookup_picks_k_per_request_state() -> None:
+    """A lookup's k is chosen per request state: after a miss its proposals fail (here always
+    at the first draft), in a streak they hold (always accepted), so a plain request gets no
+    draft and a streak's gets all K; each state's evidence is its own."""
+    ad = _lookup_controller(4)
+    for _ in range(300):
+        ad.observe_acceptance(4, 0, streak=False)
+        ad.observe_acceptance(4, 4, streak=True)
+    assert ad.misses[0] > 10 and ad.hits == [0.0] * 4
+    assert ad.streak_hits[3] > 10 and ad.streak_misses == [0.0] * 4
+    assert ad.choose_lookup(1, 0)[0] == 0
+    assert ad.choose_lookup(0, 1)[1] == 4
+    assert ad.choose_lookup(8, 8) == (0, 4)
+    assert ad.last_k == 4
+
+
+def test_with_the_same_evidence_both_states_get_choose_s_k() -> None:
+    """Where both states accept alike (1/2 a position, held firm), the pair is (k, k) with k
+    what `choose` picks for the whole batch: per state is no worse than one k."""
+    ad = _lookup_controller(4)
+    for hits, misses in ((ad.hits, ad.misses), (ad.streak_hits, ad.streak_misses)):
+        hits[:] = [1e5] * 4
+        misses[:] = [1e5] * 4
+    assert ad.choose(2) == 1  # 3 tokens for 9 ms beat 2 for 7 and 3.5 for 11
+    assert ad.choose_lookup(1, 1) == (1, 1)
+    assert ad.choose(1) == 2 and ad.choose_lookup(1, 0)[0] == 2
+
+
+def test_coverage_counts_each_request_s_own_k() -> None:
+    """Asked for 4, 1 and 0 drafts and given 3, 1 and 0: position 1 was offered to two requests
+    and covered for two, positions 2-3 offered to one and covered for one, position 4 offered to
+    one and not covered."""
+    ad = AdaptiveK(4)
+    ad.observe_proposals([4, 1, 0], [3, 1, 0])
+    assert ad.offered == [2.0, 1.0, 1.0, 1.0]
+    assert ad.covered == [2.0, 1.0, 1.0, 0.0]

@@ -113,7 +113,9 @@ def test_greedy_output_equals_plain_decoding(tiny_dirs, prompts, plain_reference
                                             monkeypatch):
     if config["adaptive"]:  # k changing every step, whatever the machine's timings say
         ks = itertools.cycle((9, 0, 3, 1, 6))
-        monkeypatch.setattr(AdaptiveK, "choose", lambda self, batch: min(next(ks), self.k_max))
+        # a lookup's k by request state: a pair each step, the two often apart
+        monkeypatch.setattr(AdaptiveK, "choose_lookup", lambda self, plain, streak: (
+            min(next(ks), self.k_max), min(next(ks), self.k_max)))
     llm = LLM(tiny_dirs["llama"], speculative_config=config)
     params = SamplingParams(temperature=0, max_tokens=48, ignore_eos=True)
     assert tokens(llm.generate(prompts + REPEATING, params, use_tqdm=False)) == plain_reference
@@ -124,6 +126,44 @@ def test_greedy_output_equals_plain_decoding(tiny_dirs, prompts, plain_reference
     for prompt, want in zip(REPEATING, plain_reference[len(prompts):]):
         assert tokens(llm.generate([prompt], params, use_tqdm=False)) == [want]
     assert llm.llm_engine.kv.num_free_blocks == llm.llm_engine.num_blocks  # none leaked
+
+
+def test_adaptive_k_asks_each_request_by_its_state(tiny_dirs, prompts, plain_reference,
+                                                   monkeypatch):
+    """Under adaptive k a lookup is asked per request: k0 drafts at most for a request whose
+    last drafts were not all accepted, k1 for one whose were (here 1 and 5, as if chosen); the
+    controller is told how many requests are in each state, learns from each verify under the
+    state it was proposed in, and the output stays plain decoding's."""
+    seen: list[tuple[int, int]] = []
+    monkeypatch.setattr(AdaptiveK, "choose_lookup",
+                        lambda self, plain, streak: seen.append((plain, streak)) or (1, 5))
+    observed: list[tuple[int, int, bool]] = []
+    observe = AdaptiveK.observe_acceptance
+    monkeypatch.setattr(AdaptiveK, "observe_acceptance", lambda self, d, a, streak=False: (
+        observed.append((d, a, streak)), observe(self, d, a, streak)))
+    config = {"method": "ngram", "num_speculative_tokens": 6, "prompt_lookup_min": 1,
+              "adaptive": True}
+    llm = LLM(tiny_dirs["llama"], speculative_config=config)
+    observed.clear()  # load-time calibration's forced k
+    proposer = llm.llm_engine.proposer
+    drafts: list[tuple[bool, int]] = []
+    propose = proposer.propose
+
+    def recording(reqs):
+        total = propose(reqs)
+        drafts.extend((r.lookup_streak, len(r.spec_token_ids)) for r in reqs)
+        return total
+
+    monkeypatch.setattr(proposer, "propose", recording)
+    params = SamplingParams(temperature=0, max_tokens=48, ignore_eos=True)
+    assert tokens(llm.generate(prompts + REPEATING, params, use_tqdm=False)) == plain_reference
+    assert all(n <= 1 for streak, n in drafts if not streak)
+    assert all(n <= 5 for streak, n in drafts if streak)
+    assert any(n > 1 for streak, n in drafts if streak)  # streaks happened and drafted more
+    assert any(streak for _, streak in seen) and any(plain for plain, _ in seen)
+    # a verify after a whole acceptance counts as a streak's, the others not
+    assert any(s for _, _, s in observed) and any(not s for _, _, s in observed)
+    assert all(d <= 1 for d, _, s in observed if not s)
 
 
 @pytest.mark.parametrize("method", ["ngram", "suffix"])
