@@ -18,7 +18,8 @@ processes starting together (tensor-parallel ranks) never load a half-written fi
 
 cpu_kernels.c is built without floating-point contraction, cpu_gemm.c and cpu_attention.c with it
 (fused multiply-adds; every tile or pass runs the same code, so rows still never depend on their
-batch). OpenMP (the matmul's and attention's threads) is linked only when the process's OpenMP
+batch), and, with GCC, with every multiply-add fused (`KEEP_FMAS`: its tuning for AMD Zen
+otherwise leaves some unfused by the shape of the code around them). OpenMP (the matmul's and attention's threads) is linked only when the process's OpenMP
 runtime is GNU libgomp, as in torch's builds: the library then binds to that same libgomp (by its
 soname) and runs in torch's thread pool. Under another runtime a second pool would spin against
 torch's, so the kernels are built single-threaded there (and say so in the log at load).
@@ -161,6 +162,22 @@ def _check_target_runs_here(cc: str, arch: str) -> None:
         raise RuntimeError(f"{arch} uses instructions this CPU lacks: {', '.join(missing)}")
 
 
+# GCC tuned for some CPUs (AMD Zen: -march=native there) leaves multiply-adds in long chains of
+# 256-bit vectors unfused ("avoid FMA chains", --param avoid-fma-max-bits=256), by a heuristic
+# that reads the shape of the code around them: two instantiations of the same attention pass
+# then rounded a row differently (one product rounded and added, the other fused), and a token's
+# output followed the rows beside it. The files built with contraction form every FMA instead.
+KEEP_FMAS = "--param=avoid-fma-max-bits=0"
+
+
+def _keeps_fmas(cc: str) -> list[str]:
+    """[KEEP_FMAS] where the compiler takes it (GCC), [] where it does not (clang has no such
+    heuristic)."""
+    proc = subprocess.run([cc, KEEP_FMAS, "-x", "c", "-c", os.devnull, "-o", os.devnull],
+                          capture_output=True, text=True, timeout=30)
+    return [KEEP_FMAS] if proc.returncode == 0 and not proc.stderr.strip() else []
+
+
 def process_uses_libgomp() -> bool:
     """GNU libgomp is the OpenMP runtime loaded in this process (torch's, on Linux builds)."""
     try:
@@ -200,7 +217,9 @@ def build_library() -> Path:
     _check_target_runs_here(cc, arch)
     flags = FLAGS + [arch]
     openmp = ["-fopenmp"] if process_uses_libgomp() else []
-    per_file = {src: flags + extra + openmp for src, extra in SOURCES.items()}
+    fused = _keeps_fmas(cc)
+    per_file = {src: flags + extra + (fused if "-ffp-contract=fast" in extra else []) + openmp
+                for src, extra in SOURCES.items()}
     link = flags + ["-shared"] + openmp
     texts = [p.read_text() for p in [*HEADERS, *SOURCES]]
     key = hashlib.sha256("\n".join([*texts, cc, *version, *map(str, per_file.values()), *link,

@@ -193,6 +193,9 @@ def assert_attention_invariant(h: int, hkv: int, d: int, window: Optional[int],
     (4, 1, 256, 40, None),     # Gemma 3's, a sliding window
     (8, 8, 128, None, 30.0),   # no GQA, soft-capped scores (Gemma 2)
     (16, 2, 32, 7, 50.0),      # 8 query heads a KV head: more than one pass's rows
+    (4, 2, 16, None, None),    # 16-number heads (tiny Qwen2, Phi-3, OLMo 2): with AVX2, rows
+                               # of neighbouring queries summed three at a time
+    (6, 1, 16, 9, None),       # and six heads a KV head, a sliding window
 ])
 def test_attention(fused, h, hkv, d, window, softcap):
     assert_attention_invariant(h, hkv, d, window, softcap, trials=24)
