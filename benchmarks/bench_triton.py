@@ -200,7 +200,9 @@ def main() -> None:
         import triton
     except ImportError:
         raise SystemExit("bench_triton.py needs triton (pip install triton)")
-    from tandem.kernels.triton import activation, norm, paged_attention, rope_kv
+    from tandem.kernels.triton import activation, norm, paged_attention, rope_kv, support
+    if args.smoke:  # the interpreter's dots row by row, as a GPU's (support.py says why)
+        support.interpret_dots_by_rows()
 
     class Kernels:  # the modules, by the names the benches use
         pass

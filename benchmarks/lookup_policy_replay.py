@@ -107,7 +107,9 @@ def main() -> None:
     pair = max(v for n, v in results.items() if n.startswith("k0="))
     print(f"best one k {single:.3f}x, best pair {pair:.3f}x ({pair / single:.3f}x), "
           f"oracle {results['oracle']:.3f}x")
-    print(f"written to {save('lookup_policy_replay', {'cpu': cpu_name(), 'model': args.model, 'costs': measured, 'results': results})}")
+    saved = save("lookup_policy_replay", {"cpu": cpu_name(), "model": args.model,
+                                          "costs": measured, "results": results})
+    print(f"written to {saved}")
 
 
 if __name__ == "__main__":

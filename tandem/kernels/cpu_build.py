@@ -19,9 +19,10 @@ processes starting together (tensor-parallel ranks) never load a half-written fi
 cpu_kernels.c is built without floating-point contraction, cpu_gemm.c and cpu_attention.c with it
 (fused multiply-adds; every tile or pass runs the same code, so rows still never depend on their
 batch), and, with GCC, with every multiply-add fused (`KEEP_FMAS`: its tuning for AMD Zen
-otherwise leaves some unfused by the shape of the code around them). OpenMP (the matmul's and attention's threads) is linked only when the process's OpenMP
-runtime is GNU libgomp, as in torch's builds: the library then binds to that same libgomp (by its
-soname) and runs in torch's thread pool. Under another runtime a second pool would spin against
+otherwise leaves some unfused by the shape of the code around them). OpenMP (the matmul's and
+attention's threads) is linked only when the process's OpenMP runtime is GNU libgomp, as in
+torch's builds: the library then binds to that same libgomp (by its soname) and runs in torch's
+thread pool. Under another runtime a second pool would spin against
 torch's, so the kernels are built single-threaded there (and say so in the log at load).
 """
 

@@ -129,8 +129,11 @@ def fresh_kernels(interpret: bool) -> Iterator[types.SimpleNamespace]:
             stack.enter_context(interpreter_switch(triton, interpret))
             if interpret:  # twins only where triton's helpers are compiled ones
                 stack.enter_context(interpreted_triton_language(swap=triton_compiles()))
-            yield types.SimpleNamespace(**{m: importlib.import_module(f"{PACKAGE}.{m}")
-                                           for m in MODULES})
+            mods = types.SimpleNamespace(**{m: importlib.import_module(f"{PACKAGE}.{m}")
+                                            for m in MODULES})
+            if interpret:  # a dot's rows each their own, as on a GPU (support.py says why)
+                mods.support.interpret_dots_by_rows()
+            yield mods
     finally:
         for name in [name for name in sys.modules if _ours(name)]:
             del sys.modules[name]

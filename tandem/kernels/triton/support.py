@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 from typing import Any, Callable
 
+import numpy as np
 import torch
 
 try:  # pragma: no cover - which branch runs depends on the machine
@@ -51,6 +52,33 @@ def interpreting() -> bool:
     if knobs is not None:
         return bool(knobs.runtime.interpret)
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def interpret_dots_by_rows() -> None:
+    """Under Triton's interpreter `tl.dot` is numpy's matmul, so the host's BLAS, and some of its
+    kernels (OpenBLAS's Haswell sgemm, on an AMD EPYC) round an output row by its place in the
+    block: a query decoded alone (row 0) and the same query inside a verification (row i) then
+    differ in their last bits for the BLAS's sake, and a CPU check of the kernels' batch
+    invariance fails where the kernel keeps its rule (fixed tiles, fixed order). This makes
+    the interpreter multiply each row of a dot alone, so a row's product never depends on the
+    rows beside it; compiled kernels are untouched. Idempotent."""
+    if triton is None:
+        return
+    from triton.runtime import interpreter
+    builder = interpreter.InterpreterBuilder
+    if getattr(builder.create_dot, "by_rows", False):
+        return
+    whole = builder.create_dot
+    handle = interpreter.TensorHandle
+
+    def create_dot(self: Any, a: Any, b: Any, d: Any, *precision: Any) -> Any:
+        rows = [whole(self, handle(a.data[..., i:i + 1, :], a.dtype.scalar), b,
+                      handle(d.data[..., i:i + 1, :], d.dtype.scalar), *precision).data
+                for i in range(a.data.shape[-2])]
+        return handle(np.concatenate(rows, axis=-2), d.dtype.scalar)
+
+    create_dot.by_rows = True  # type: ignore[attr-defined]
+    builder.create_dot = create_dot
 
 
 def available(device: torch.device | str | None = None) -> bool:
