@@ -97,6 +97,7 @@ def calibrate(engine: Engine) -> None:
         controller.streak_hits, controller.streak_misses = [0.0] * k_max, [0.0] * k_max
         # Padding covered every position: a lookup's coverage starts from its prior too.
         controller.covered, controller.offered = [0.0] * k_max, [0.0] * k_max
+        controller.streak_covered, controller.streak_offered = [0.0] * k_max, [0.0] * k_max
     drafting.calibration = controller
     drafting.adaptive = drafting.fresh_controller(drafting.k)
     engine.reset_stats()

@@ -102,7 +102,8 @@ class Drafting:
                         if not r.status.finished and r.num_computed_tokens >= r.num_tokens - 1]
             self.adaptive.observe_proposals(
                 [self.proposer.asked(r) for r in decoding],
-                [len(r.spec_token_ids) for r in decoding])
+                [len(r.spec_token_ids) for r in decoding],
+                [r.lookup_streak for r in decoding])
 
     def observe_target(self, sched: SchedulerOutput, seconds: float) -> None:
         if self.adaptive is None:

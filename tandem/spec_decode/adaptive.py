@@ -47,6 +47,23 @@ from typing import Optional, Union
 from tandem.spec_decode.cost_curve import CostCurve
 
 
+def _beyond(asked: list[int], lengths: list[int], top: int) -> tuple[list[int], list[int]]:
+    """For each position i < top: how many sequences were asked for more than i drafts, and how
+    many of those were given more than i."""
+    ask_end = [0] * (top + 1)  # sequences asked for exactly a drafts
+    got_end = [0] * (top + 1)  # sequences given exactly n of those
+    for a, n in zip(asked, lengths):
+        a = min(a, top)
+        ask_end[a] += 1
+        got_end[min(n, a)] += 1
+    offered, got, o, g = [], [], len(asked), len(asked)
+    for i in range(top):
+        o, g = o - ask_end[i], g - got_end[i]
+        offered.append(o)
+        got.append(g)
+    return offered, got
+
+
 class AdaptiveK:
     def __init__(self, k_max: int, warmup_steps: int = 1, decay: float = 0.98,
                  forget: float = 0.998, prior_weight: float = 2.0, seed: int = 0) -> None:
@@ -68,6 +85,10 @@ class AdaptiveK:
         # for a draft model, which drafts every position asked for.
         self.covered: Optional[list[float]] = None
         self.offered = [0.0] * k_max
+        # The part of both that came from streak requests (a copy in progress nearly always
+        # finds its next match; after a miss, often nothing): faded at the same positions.
+        self.streak_covered = [0.0] * k_max
+        self.streak_offered = [0.0] * k_max
         self.target = CostCurve()  # seconds per decode/verify forward vs tokens in it
         self.draft = CostCurve()   # seconds per draft pass vs batch size
         self.steps = 0
@@ -80,6 +101,7 @@ class AdaptiveK:
         self.hits, self.misses = self.hits[:k], self.misses[:k]
         self.streak_hits, self.streak_misses = self.streak_hits[:k], self.streak_misses[:k]
         self.offered = self.offered[:k]
+        self.streak_covered, self.streak_offered = self.streak_covered[:k], self.streak_offered[:k]
         if self.covered is not None:
             self.covered = self.covered[:k]
         self.steps = max(self.steps, self.warmup_steps)
@@ -101,40 +123,44 @@ class AdaptiveK:
             hits[i] = d * hits[i] + hit
             misses[i] = d * misses[i] + (not hit)
 
-    def observe_proposals(self, k: Union[int, list[int]], lengths: list[int]) -> None:
+    def observe_proposals(self, k: Union[int, list[int]], lengths: list[int],
+                          streaks: Optional[list[bool]] = None) -> None:
         """A lookup's step: it was asked for up to k drafts per sequence (or k[j] for sequence
-        j) and proposed `lengths`."""
+        j) and proposed `lengths`; `streaks[j]`: sequence j's last drafts were accepted whole."""
         if self.covered is None:
             self.covered = [0.0] * self.k_max
         asked = [k] * len(lengths) if isinstance(k, int) else k
+        in_streak = streaks or [False] * len(lengths)
         d, top = self.decay, self.k_max
-        ask_end = [0] * (top + 1)  # sequences asked for exactly a drafts
-        got_end = [0] * (top + 1)  # sequences given exactly n of those (once per step)
-        for a, n in zip(asked, lengths):
-            a = min(a, top)
-            ask_end[a] += 1
-            got_end[min(n, a)] += 1
-        offered = got = len(lengths)
+        offered, got = _beyond(asked, lengths, top)
+        s_offered, s_got = _beyond([a for a, s in zip(asked, in_streak) if s],
+                                   [n for n, s in zip(lengths, in_streak) if s], top)
         for i in range(top):
-            offered -= ask_end[i]  # now: sequences asked for more than i drafts
-            got -= got_end[i]      # and given more than i
-            if offered == 0:
+            if offered[i] == 0:
                 break
-            self.covered[i] = d * self.covered[i] + got
-            self.offered[i] = d * self.offered[i] + offered
+            self.covered[i] = d * self.covered[i] + got[i]
+            self.offered[i] = d * self.offered[i] + offered[i]
+            self.streak_covered[i] = d * self.streak_covered[i] + s_got[i]
+            self.streak_offered[i] = d * self.streak_offered[i] + s_offered[i]
 
     @property
     def lookup(self) -> bool:
         """Drafts come from a lookup: their cost is next to nothing, and no price of k."""
         return self.covered is not None
 
-    def coverage(self) -> list[float]:
+    def coverage(self, streak: Optional[bool] = None) -> list[float]:
         """P(a sequence gets a draft at position i | asked for it): 1 for a draft model; for a
-        lookup its faded share, from a prior of one in two (like acceptance's)."""
+        lookup its faded share, from a prior of one in two (like acceptance's), over every
+        sequence (streak None), the streak ones (True) or the others (False)."""
         if self.covered is None:
             return [1.0] * self.k_max
-        return [(c + self.prior_weight * 0.5) / (o + self.prior_weight)
-                for c, o in zip(self.covered, self.offered)]
+        pairs = zip(self.covered, self.offered)
+        if streak is not None:
+            part = zip(self.streak_covered, self.streak_offered)
+            pairs = (part if streak else  # the others: all less the streaks' part
+                     ((c - sc, o - so) for (c, o), (sc, so) in zip(pairs, part)))
+        return [(max(0.0, c) + self.prior_weight * 0.5) / (max(0.0, o) + self.prior_weight)
+                for c, o in pairs]
 
     def observe_target(self, num_tokens: int, seconds: float) -> None:
         """A decode/verify step's forward pass (no prefill in it) over `num_tokens` tokens."""
@@ -220,20 +246,18 @@ class AdaptiveK:
             self.last_k = self.k_max
             return self.k_max, self.k_max
         self._fade()
-        cover = self.coverage()
-        gains = []  # per state: expected tokens for k = 0..K, from one draw of its posteriors
-        for state in (False, True):
+        gains, drafts = [], []  # per state, for k = 0..K: expected tokens (one draw of its
+        for state in (False, True):  # posteriors), expected drafts verified (sum of coverage)
+            cover = self.coverage(state)
             drawn = [self.rng.betavariate(a, b) for a, b in self._posteriors(state)]
             gains.append([self.expected_tokens(k, drawn, cover) for k in range(self.k_max + 1)])
-        drafts = [0.0]  # expected drafts a request verifies with k asked: sum of coverage
-        for c in cover:
-            drafts.append(drafts[-1] + c)
+            drafts.append([sum(cover[:k]) for k in range(self.k_max + 1)])
         line = self.target.fit(batch, batch * (self.k_max + 1))
         priced: dict[int, float] = {}
         best, pair = -1.0, (0, 0)
         for k0 in range(self.k_max + 1):
             for k1 in range(self.k_max + 1 if streak else 1):
-                size = max(batch, round(batch + plain * drafts[k0] + streak * drafts[k1]))
+                size = max(batch, round(batch + plain * drafts[0][k0] + streak * drafts[1][k1]))
                 if size not in priced:
                     priced[size] = self.target.at(size, line)
                 rate = (plain * gains[0][k0] + streak * gains[1][k1]) / priced[size]

@@ -299,7 +299,8 @@ def _lookup_controller(k_max: int) -> AdaptiveK:
     for n in range(1, 80):
         ad.observe_target(n, (5 + 1.0 * n) / 1000)  # 5 ms + 1 ms a token, exactly
     ad.observe_proposals(k_max, [k_max])  # a lookup, which found every draft asked
-    ad.covered, ad.offered = [1e4] * k_max, [1e4] * k_max
+    ad.covered, ad.offered = [2e4] * k_max, [2e4] * k_max  # for both states
+    ad.streak_covered, ad.streak_offered = [1e4] * k_max, [1e4] * k_max
     return ad
 
 
@@ -339,3 +340,20 @@ def test_coverage_counts_each_request_s_own_k() -> None:
     ad.observe_proposals([4, 1, 0], [3, 1, 0])
     assert ad.offered == [2.0, 1.0, 1.0, 1.0]
     assert ad.covered == [2.0, 1.0, 1.0, 0.0]
+
+
+def test_coverage_is_also_kept_per_request_state() -> None:
+    """A streak request (a copy in progress) found its 4 drafts every step, the other request
+    none: the streak share is near 1, the others' near 0, the pooled share about half; and the
+    choice prices each state's verify at its own coverage."""
+    ad = _lookup_controller(4)
+    ad.covered, ad.offered = [0.0] * 4, [0.0] * 4
+    ad.streak_covered, ad.streak_offered = [0.0] * 4, [0.0] * 4
+    for _ in range(400):
+        ad.observe_proposals([4, 4], [4, 0], [True, False])
+    assert all(c > 0.98 for c in ad.coverage(True))
+    assert all(c < 0.02 for c in ad.coverage(False))
+    assert all(abs(c - 0.5) < 0.01 for c in ad.coverage())
+    ad.hits, ad.misses = [1e5] * 4, [0.0] * 4  # whatever is found is accepted
+    ad.streak_hits, ad.streak_misses = [1e5] * 4, [0.0] * 4
+    assert ad.choose_lookup(1, 1)[1] == 4  # 4 drafts for 4 ms more: 5 tokens, not 1
