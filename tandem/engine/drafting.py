@@ -80,13 +80,13 @@ class Drafting:
             k = self.adaptive.choose(len(running))
         if self.schedule is not None:
             k = min(k, self.schedule.cap(len(running)))
+        if self.model_free:
+            self.proposer.by_streak = by_streak
         if k == 0:  # drafting is off, or plain decoding pays more now: skip the draft entirely
             for req in running:
                 req.awaiting_drafts = False
             return
         self.proposer.k = k
-        if self.model_free:
-            self.proposer.by_streak = by_streak
         if self.adaptive is None:
             propose_isolated(self.proposer, running, self.fail)
             return

@@ -42,6 +42,7 @@ calibration (engine/calibration.py).
 from __future__ import annotations
 
 import random
+from itertools import accumulate
 from typing import Optional, Union
 
 from tandem.spec_decode.cost_curve import CostCurve
@@ -194,12 +195,16 @@ class AdaptiveK:
                         coverage: Optional[list[float]] = None) -> float:
         """Tokens per sequence and step with k drafts asked for: position i is drafted with
         probability coverage[i] (1 for a draft model) and accepted given the ones before."""
-        total, p = 1.0, 1.0
-        cover = coverage or [1.0] * self.k_max
-        for r, c in zip((self.rates if rates is None else rates)[:k], cover):
+        return self._tokens_by_k(self.rates if rates is None else rates, coverage)[k]
+
+    def _tokens_by_k(self, rates: list[float], coverage: Optional[list[float]]) -> list[float]:
+        """expected_tokens for k = 0..K in one pass: each k's is the running sum at k."""
+        total, p, out = 1.0, 1.0, [1.0]
+        for r, c in zip(rates, coverage or [1.0] * self.k_max):
             p *= r
             total += c * p
-        return total
+            out.append(total)
+        return out
 
     def costs(self, batch_size: int) -> list[float]:
         """C(k) for k = 0..K at this batch size: one target line and one draft cost for all.
@@ -226,9 +231,8 @@ class AdaptiveK:
         self._fade()
         drawn = [self.rng.betavariate(a, b) for a, b in self._posteriors()]
         costs = self.costs(batch_size)
-        cover = self.coverage()
-        self.last_k = max(range(self.k_max + 1),
-                          key=lambda k: self.expected_tokens(k, drawn, cover) / costs[k])
+        gains = self._tokens_by_k(drawn, self.coverage())
+        self.last_k = max(range(self.k_max + 1), key=lambda k: gains[k] / costs[k])
         return self.last_k
 
     def choose_lookup(self, plain: int, streak: int) -> tuple[int, int]:
@@ -237,7 +241,7 @@ class AdaptiveK:
         expected tokens per second. One k for all wastes verify rows at one end or tokens at
         the other: replaying n-gram lookups over SmolLM2's greedy outputs of the repetitive
         prompts at an AMD EPYC's verify costs (`benchmarks/lookup_policy_replay.py`), the best
-        pair beat the best single k by 5% (k = 1-2 after a miss, 6 in a streak)."""
+        pair beat the best single k by 5-9% (k = 1-2 after a miss, 6 in a streak)."""
         batch = plain + streak
         self.steps += 1
         if batch <= 0:
@@ -246,21 +250,22 @@ class AdaptiveK:
             self.last_k = self.k_max
             return self.k_max, self.k_max
         self._fade()
-        gains, drafts = [], []  # per state, for k = 0..K: expected tokens (one draw of its
-        for state in (False, True):  # posteriors), expected drafts verified (sum of coverage)
-            cover = self.coverage(state)
+        gains, drafts = [], []  # per state and k = 0..K, times its requests: expected tokens
+        for state, n in ((False, plain), (True, streak)):  # (one draw of its posteriors), and
+            cover = self.coverage(state)  # expected drafts verified (the sum of coverage)
             drawn = [self.rng.betavariate(a, b) for a, b in self._posteriors(state)]
-            gains.append([self.expected_tokens(k, drawn, cover) for k in range(self.k_max + 1)])
-            drafts.append([sum(cover[:k]) for k in range(self.k_max + 1)])
-        line = self.target.fit(batch, batch * (self.k_max + 1))
+            gains.append([n * g for g in self._tokens_by_k(drawn, cover)] if n else [0.0])
+            found = list(accumulate(cover, initial=0.0))
+            drafts.append([n * f for f in found] if n else [0.0])  # a state without requests:
+        line = self.target.fit(batch, batch * (self.k_max + 1))  # k = 0 alone
         priced: dict[int, float] = {}
         best, pair = -1.0, (0, 0)
-        for k0 in range(self.k_max + 1):
-            for k1 in range(self.k_max + 1 if streak else 1):
-                size = max(batch, round(batch + plain * drafts[0][k0] + streak * drafts[1][k1]))
+        for k0, (g0, d0) in enumerate(zip(gains[0], drafts[0])):
+            for k1, (g1, d1) in enumerate(zip(gains[1], drafts[1])):
+                size = max(batch, round(batch + d0 + d1))
                 if size not in priced:
                     priced[size] = self.target.at(size, line)
-                rate = (plain * gains[0][k0] + streak * gains[1][k1]) / priced[size]
+                rate = (g0 + g1) / priced[size]
                 if rate > best:
                     best, pair = rate, (k0, k1)
         self.last_k = max(pair)
