@@ -21,7 +21,7 @@ method (`--keep-suffix-cache` keeps it, for the agent-loop case where that is th
     python benchmarks/bench_model_free.py --models gemma3 --methods suffix draft draft+suffix \
         --mixed --rounds 2
     python benchmarks/bench_model_free.py --models synthetic --methods suffix draft draft+suffix \
-        --mixed --rounds 2 --max-tokens 128
+        --mixed --rounds 2 --max-tokens 128 --num-free 4
 """
 
 from __future__ import annotations
