@@ -65,10 +65,11 @@ def method_config(model: str, method: str, draft_k: int = 8) -> dict[str, Any]:
                          f"(one for {', '.join(DRAFTS)})")
     config = {**DRAFTS[model], "num_speculative_tokens": draft_k}
     lookup = method.partition("+")[2]
-    if lookup:  # the lookup's own keys beside the draft model
+    if lookup:
         config["lookup_method"] = lookup
-        config.update({k: v for k, v in NGRAM.items() if k.startswith("prompt_lookup")}
-                      if lookup == "ngram" else {})
+    if lookup == "ngram":  # its lookup keys as alone (suffix's are vLLM's defaults either way)
+        config.update(prompt_lookup_min=NGRAM["prompt_lookup_min"],
+                      prompt_lookup_max=NGRAM["prompt_lookup_max"])
     return config
 
 

@@ -22,8 +22,8 @@ batch), and, with GCC, with every multiply-add fused (`KEEP_FMAS`: its tuning fo
 otherwise leaves some unfused by the shape of the code around them). OpenMP (the matmul's and
 attention's threads) is linked only when the process's OpenMP runtime is GNU libgomp, as in
 torch's builds: the library then binds to that same libgomp (by its soname) and runs in torch's
-thread pool. Under another runtime a second pool would spin against
-torch's, so the kernels are built single-threaded there (and say so in the log at load).
+thread pool. Under another runtime a second pool would spin against torch's, so the kernels are
+built single-threaded there (and say so in the log at load).
 """
 
 from __future__ import annotations

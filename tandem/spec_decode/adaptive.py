@@ -250,14 +250,17 @@ class AdaptiveK:
             self.last_k = self.k_max
             return self.k_max, self.k_max
         self._fade()
-        gains, drafts = [], []  # per state and k = 0..K, times its requests: expected tokens
-        for state, n in ((False, plain), (True, streak)):  # (one draw of its posteriors), and
-            cover = self.coverage(state)  # expected drafts verified (the sum of coverage)
+        # Per state and k = 0..K, times the state's requests: the expected tokens (one draw of
+        # its posteriors) and the expected drafts verified (the sum of its coverage). A state
+        # without requests takes k = 0 alone.
+        gains, drafts = [], []
+        for state, n in ((False, plain), (True, streak)):
+            cover = self.coverage(state)
             drawn = [self.rng.betavariate(a, b) for a, b in self._posteriors(state)]
             gains.append([n * g for g in self._tokens_by_k(drawn, cover)] if n else [0.0])
             found = list(accumulate(cover, initial=0.0))
-            drafts.append([n * f for f in found] if n else [0.0])  # a state without requests:
-        line = self.target.fit(batch, batch * (self.k_max + 1))  # k = 0 alone
+            drafts.append([n * f for f in found] if n else [0.0])
+        line = self.target.fit(batch, batch * (self.k_max + 1))
         priced: dict[int, float] = {}
         best, pair = -1.0, (0, 0)
         for k0, (g0, d0) in enumerate(zip(gains[0], drafts[0])):
