@@ -62,6 +62,10 @@ class SchedulerConfig:
     # have come (and when it finishes): vLLM's --stream-interval, fewer, larger chunks for
     # clients that pay per chunk.
     stream_interval: int = 1
+    # vLLM's --watermark: the fraction of all KV blocks a waiting (or preempted) request must
+    # leave free when it is admitted beside running ones, so that the running requests' growth
+    # does not preempt it again within a few steps (core/scheduler.py).
+    watermark: float = 0.0
 
     @property
     def num_lookahead_tokens(self) -> int:
@@ -71,6 +75,10 @@ class SchedulerConfig:
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be at least 1, got {self.max_num_seqs}.")
+        if (not isinstance(self.watermark, (int, float)) or isinstance(self.watermark, bool)
+                or not 0.0 <= self.watermark < 1.0):
+            raise ValueError("watermark must be a fraction of the KV cache blocks in [0.0, 1.0) "
+                             f"(0 turns it off), got {self.watermark!r}.")
         if (not isinstance(self.stream_interval, int) or isinstance(self.stream_interval, bool)
                 or self.stream_interval < 1):
             raise ValueError("stream_interval must be an integer of at least 1 (tokens per "
@@ -148,7 +156,7 @@ class EngineConfig:
                load_format: str = "auto",
                compilation_config: Union[None, int, dict, CompilationConfig] = None,
                cuda_graph_sizes: Optional[list[int]] = None, stream_interval: int = 1,
-               **unknown: Any) -> EngineConfig:
+               watermark: float = 0.0, **unknown: Any) -> EngineConfig:
         """`trust_remote_code` is accepted so vLLM call sites run unchanged: tandem only runs its
         own model code. `enforce_eager`, `compilation_config` and `cuda_graph_sizes` are vLLM's
         CUDA-graph settings (compilation_config.py)."""
@@ -184,7 +192,7 @@ class EngineConfig:
             max_model_len=model_config.max_model_len, num_speculative_tokens=k,
             draft_kv=("shared" if spec is None else "none" if spec.model_free
                       else "own" if spec.uses_vocab_mapping else "shared"),
-            stream_interval=stream_interval)
+            stream_interval=stream_interval, watermark=watermark)
         compilation = CompilationConfig.create(compilation_config, cuda_graph_sizes,
                                                sched.max_num_seqs)
         cache = CacheConfig(block_size=block_size, enable_prefix_caching=enable_prefix_caching,

@@ -40,6 +40,10 @@ class KVCacheManager:
     def num_free_blocks(self) -> int:
         return self.pool.num_free_blocks
 
+    @property
+    def num_blocks(self) -> int:
+        return self.pool.num_blocks
+
     def block_table(self, request_id: str) -> list[int]:
         return [b.block_id for b in self.req_blocks.get(request_id, ())]
 
@@ -68,16 +72,18 @@ class KVCacheManager:
         return hits, len(hits) * self.block_size
 
     def allocate_slots(self, req: Request, num_new_tokens: int, num_lookahead_tokens: int = 0,
-                       new_computed_blocks: list[KVBlock] | None = None) -> bool:
+                       new_computed_blocks: list[KVBlock] | None = None,
+                       reserve: int = 0) -> bool:
         """Make room for `num_new_tokens` after the computed ones, plus lookahead slots the draft
-        writes into. Returns False (allocating nothing) when the pool is short."""
+        writes into, leaving at least `reserve` blocks free. Returns False (allocating nothing)
+        when the pool is short."""
         new_computed_blocks = new_computed_blocks or []
         blocks = self.req_blocks.setdefault(req.request_id, [])
         total = (req.num_computed_tokens + len(new_computed_blocks) * self.block_size
                  + num_new_tokens + num_lookahead_tokens)
         need = _cdiv(total, self.block_size) - len(blocks) - len(new_computed_blocks)
         revived = sum(1 for b in new_computed_blocks if b.ref_cnt == 0)
-        if need > self.pool.num_free_blocks - revived:
+        if need + reserve > self.pool.num_free_blocks - revived:
             if not blocks:
                 del self.req_blocks[req.request_id]
             return False

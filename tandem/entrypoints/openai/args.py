@@ -142,6 +142,10 @@ def make_serve_parser(parser: Optional[argparse.ArgumentParser] = None) -> argpa
                    help="most sequences in a batch (256)")
     p.add_argument("--max-num-batched-tokens", type=int, default=None,
                    help="token budget of one step")
+    p.add_argument("--watermark", type=float, default=0.0,
+                   help="fraction of the KV cache blocks a waiting or preempted request must "
+                        "leave free to be admitted beside running ones (0: off); fewer "
+                        "preemptions when many long requests overfill the cache")
     p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
                    default=True, help="reuse KV blocks of shared prompt prefixes (on)")
     p.add_argument("--device", default="auto", help="auto, cpu or cuda[:N]")
@@ -291,7 +295,8 @@ def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
                 kv_cache_dtype=args.kv_cache_dtype, max_logprobs=args.max_logprobs,
                 generation_config=args.generation_config, load_format=args.load_format,
                 enforce_eager=args.enforce_eager, compilation_config=args.compilation_config,
-                cuda_graph_sizes=args.cuda_graph_sizes, stream_interval=args.stream_interval)
+                cuda_graph_sizes=args.cuda_graph_sizes, stream_interval=args.stream_interval,
+                watermark=args.watermark)
 
 
 def one_line(error: BaseException) -> str:
