@@ -11,10 +11,13 @@ alternating (after one unmeasured run of each), and reports the medians: the hos
 than one stream's difference.
 
 With --peer-url the same client also runs each level against another server (llama-server:
-`python benchmarks/llama_cpp/peer.py server smollm2-q4_1 --parallel 256 --ctx-per-slot 2304`).
+`python benchmarks/llama_cpp/peer.py server smollm2-q4_1 --parallel 256 --ctx-per-slot 2304`);
+with --peer-only it runs against that server alone, so a long level (256 x 2,048 takes hours on
+two cores) can be split into two runs, tandem's and the peer's.
 
   python benchmarks/bench_serve_scale.py [--streams 1 16 64] [--lengths 128 2048] [--no-stream-too]
-                                         [--peer-url http://127.0.0.1:8090] [--rounds 5]
+                                         [--peer-url http://127.0.0.1:8090 [--peer-only]]
+                                         [--rounds 5]
 """
 
 from __future__ import annotations
@@ -42,6 +45,8 @@ def main() -> None:
     p.add_argument("--peer-url", default=None,
                    help="another server (e.g. llama-server from llama_cpp/peer.py server) that "
                         "the same client also measures at each level")
+    p.add_argument("--peer-only", action="store_true",
+                   help="measure only --peer-url: no tandem server, no offline engine")
     p.add_argument("--port", type=int, default=8312)
     p.add_argument("--repo", default=str(ROOT))
     p.add_argument("--rounds", type=int, default=1,
@@ -49,6 +54,10 @@ def main() -> None:
     args = p.parse_args()
     if args.rounds < 1:
         p.error(f"--rounds must be at least 1, got {args.rounds}")
+    if args.peer_only and not args.peer_url:
+        p.error("--peer-only measures the server at --peer-url, and none was given")
+    if args.peer_only:
+        return peer_only(args)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from tandem import LLM, SamplingParams
     from tandem.bench.serve import _level
@@ -109,6 +118,25 @@ def main() -> None:
         _stop(proc)
     print(save("serve-scale", {"model": args.model, "rows": rows}))
     print(json.dumps(rows[-1]))
+
+
+def peer_only(args: argparse.Namespace) -> None:
+    """Each level against the peer alone, with the client and prompts of the full run."""
+    from tandem.bench.serve import _level
+    rows = []
+    for n in args.lengths:
+        for c in args.streams:
+            for stream in [True, False] if args.no_stream_too else [True]:
+                ns = argparse.Namespace(max_tokens=n, temperature=0.0, stream=stream)
+                peer = asyncio.run(_level(args.peer_url.rstrip("/") + "/v1", "peer", prompts(c),
+                                          c, ns, None, _NoBar(), server_pid_applies=False))
+                rows.append({"tokens": n, "streams": c, "stream": stream,
+                             "peer_tok_s": peer["output_tokens_per_s"],
+                             "seconds": peer["seconds"]})
+                print(f"{n:5d} tokens x {c:3d} {'streams' if stream else 'whole  '}: peer "
+                      f"{peer['output_tokens_per_s']:7.1f} tok/s in {peer['seconds']:.0f} s",
+                      flush=True)
+    print(save("serve-scale-peer", {"peer_url": args.peer_url, "rows": rows}))
 
 
 class _NoBar:
