@@ -36,20 +36,22 @@ def main() -> None:
     args = p.parse_args()
     if not 0.0 < args.fill <= 1.0:
         p.error(f"--fill must be in (0, 1], got {args.fill}")
+    if args.rounds < 1:
+        p.error(f"--rounds must be at least 1, got {args.rounds}")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from tandem import LLM, SamplingParams
-    from tandem.config import DEFAULT_CPU_KV_CACHE_BYTES
+    from tandem.worker.kv_cache import bytes_per_block, kv_formats
 
     texts = prompts(args.streams)
     params = SamplingParams(temperature=0, max_tokens=args.tokens, ignore_eos=True)
     probe = LLM(args.model, max_model_len=args.tokens + 128, seed=0)
     tok = probe.get_tokenizer()
     final = sum(len(tok(t).input_ids) + args.tokens for t in texts)
-    # The probe's cache is the default budget, so a block's bytes follow from its block count.
-    engine = probe.llm_engine
-    bytes_per_token = DEFAULT_CPU_KV_CACHE_BYTES / (
-        engine.num_blocks * engine.config.cache_config.block_size)
-    budget = int(args.fill * final * bytes_per_token)
+    engine = probe.llm_engine  # a block's bytes, as the engine sizes its cache
+    block_size = engine.config.cache_config.block_size
+    per_block = bytes_per_block([(engine.model, kv_formats(engine.config)["target"])],
+                                block_size)
+    budget = int(args.fill * final / block_size) * per_block
     del probe, engine
 
     def fresh(w: float) -> LLM:
@@ -59,7 +61,7 @@ def main() -> None:
                    kv_cache_memory_bytes=budget)
 
     print(f"{args.streams} x {args.tokens} tokens, {final} tokens in all, a cache of "
-          f"{budget / 2**20:.0f} MiB ({args.fill:.2f} of them)", flush=True)
+          f"{budget / 2**20:.1f} MiB ({args.fill:.2f} of them)", flush=True)
 
     def preemptions(llm) -> int:
         return int(next(m.value for m in llm.get_metrics() if m.name == "tandem:num_preemptions"))
