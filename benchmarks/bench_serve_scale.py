@@ -99,9 +99,7 @@ def main() -> None:
                                                              for _, lv in rounds)}
                     offline_rate = row["offline_tok_s"]
                     if args.peer_url:
-                        peer = asyncio.run(_level(args.peer_url.rstrip("/") + "/v1", "peer",
-                                                  texts, c, ns, None, _NoBar(),
-                                                  server_pid_applies=False))
+                        peer = _peer_level(args.peer_url, texts, c, ns)
                         row["peer_tok_s"] = peer["output_tokens_per_s"]
                         row["over_peer"] = row["served_tok_s"] / row["peer_tok_s"]
                     rows.append(row)
@@ -120,16 +118,21 @@ def main() -> None:
     print(json.dumps(rows[-1]))
 
 
+def _peer_level(url: str, texts: list[str], c: int, ns: argparse.Namespace) -> dict:
+    """One level against the peer server with tandem bench serve's client."""
+    from tandem.bench.serve import _level
+    return asyncio.run(_level(url.rstrip("/") + "/v1", "peer", texts, c, ns, None, _NoBar(),
+                              server_pid_applies=False))
+
+
 def peer_only(args: argparse.Namespace) -> None:
     """Each level against the peer alone, with the client and prompts of the full run."""
-    from tandem.bench.serve import _level
     rows = []
     for n in args.lengths:
         for c in args.streams:
             for stream in [True, False] if args.no_stream_too else [True]:
                 ns = argparse.Namespace(max_tokens=n, temperature=0.0, stream=stream)
-                peer = asyncio.run(_level(args.peer_url.rstrip("/") + "/v1", "peer", prompts(c),
-                                          c, ns, None, _NoBar(), server_pid_applies=False))
+                peer = _peer_level(args.peer_url, prompts(c), c, ns)
                 rows.append({"tokens": n, "streams": c, "stream": stream,
                              "peer_tok_s": peer["output_tokens_per_s"],
                              "seconds": peer["seconds"]})

@@ -31,6 +31,8 @@ class Scheduler:
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
         self.num_preemptions = 0
+        # Blocks a waiting request must leave free beside running ones (vLLM's watermark).
+        self.watermark_blocks = int(config.watermark * kv.num_blocks)
         # Told of every request that ends, however (a model-free proposer drops its index, and
         # suffix decoding keeps the output for later requests).
         self.on_finish: Optional[Callable[[Request], None]] = None
@@ -121,13 +123,12 @@ class Scheduler:
         # where its context lies in cached blocks of requests with the same prompt, and
         # preempting it again frees few blocks (they are shared): 9,148 preemptions at 256
         # streams of 2,048 tokens in the default 4 GiB (benchmarks/LOG.md).
-        watermark = int(self.config.watermark * self.kv.num_blocks)
         while (self.waiting and budget > 0 and not out.preempted
                and len(self.running) < self.config.max_num_seqs):
             req = self.waiting[0]
             hits, num_hit = self.kv.get_computed_blocks(req)
             num_new = self._num_new(req, num_hit, budget)
-            reserve = watermark if self.running else 0
+            reserve = self.watermark_blocks if self.running else 0
             if num_new <= 0 or not self.kv.allocate_slots(req, num_new, lookahead, hits,
                                                           reserve):
                 break
