@@ -226,7 +226,12 @@ def bench(args) -> None:
 
 def server(args) -> None:
     """Start llama-server on loopback and leave it running (the HTTP benchmark talks to it)."""
-    model = make_files().get(args.file) or Path(args.file)
+    model = Path(args.file)
+    if not model.is_file():  # a label: only then are the files made (a requantize takes minutes)
+        files = make_files()
+        if args.file not in files:
+            raise SystemExit(f"{args.file}: neither a GGUF file nor a label ({', '.join(files)})")
+        model = files[args.file]
     log = CACHE / f"llama-server-{args.port}.log"
     # 16 slots so 16 concurrent streams all decode; 512 context tokens per slot is plenty for
     # the 64-in/64-out requests of the serving benchmarks (--ctx-per-slot for longer outputs).

@@ -75,3 +75,14 @@ class BlockPool:
             return
         block.block_hash = block_hash
         self.cached.setdefault(block_hash, block)
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached prefix, if no block is in use (vLLM's rule: a running request's
+        blocks may be shared, so their hashes cannot be dropped under it). Returns whether it
+        did."""
+        if self.num_free_blocks != self.num_blocks:
+            return False
+        for block in self.blocks:
+            block.block_hash = None
+        self.cached.clear()
+        return True

@@ -107,6 +107,10 @@ class KVCacheManager:
             self.pool.cache_block(blocks[i], req.block_hashes[i])
         self.num_cached_blocks[req.request_id] = num_full
 
+    def reset_prefix_cache(self) -> bool:
+        """Drop the prefix cache when no request holds a block (BlockPool.reset_prefix_cache)."""
+        return self.pool.reset_prefix_cache()
+
     def free(self, req: Request) -> None:
         blocks = self.req_blocks.pop(req.request_id, [])
         self.num_cached_blocks.pop(req.request_id, None)

@@ -226,6 +226,15 @@ class LLMEngine:
         """Stop any worker processes (also done when the engine is collected or at exit)."""
         self.executor.shutdown()
 
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached prompt prefix; refused (False) while requests hold KV blocks."""
+        if self.kv.reset_prefix_cache():
+            logger.info("Prefix cache reset")
+            return True
+        logger.warning("Failed to reset the prefix cache: %d request(s) still hold KV blocks",
+                       len(self.scheduler.running))
+        return False
+
     def num_free_kv_blocks(self) -> int:
         return self.kv.num_free_blocks
 

@@ -84,6 +84,12 @@ class LLM:
     def get_metrics(self) -> list[AnyMetric]:
         return with_vllm_names(self.llm_engine.get_metrics())
 
+    def reset_prefix_cache(self) -> bool:
+        """Forget the cached prompt prefixes (vLLM's `LLM.reset_prefix_cache`): True if done,
+        False (with a warning) while requests hold KV blocks, as between two `generate` calls
+        they never do."""
+        return self.llm_engine.reset_prefix_cache()
+
     def _run(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
         engine = self.llm_engine
         done: dict[str, RequestOutput] = {}

@@ -81,6 +81,24 @@ def test_prefix_cache_hits_and_changes_nothing(tiny_llama, prompts):
                                                         use_tqdm=False)[0].outputs[0].token_ids
 
 
+def test_reset_prefix_cache_forgets_prefixes_only_when_no_request_holds_blocks(tiny_llama,
+                                                                               prompts):
+    prefix = prompts[7] + " " + prompts[2]
+    llm = LLM(tiny_llama)
+    first = llm.generate(prefix, GREEDY, use_tqdm=False)[0]
+    engine = llm.llm_engine
+    engine.add_request("held", prefix + " Held", GREEDY)
+    engine.step()  # the request now holds blocks, some of them the cached prefix's
+    assert llm.reset_prefix_cache() is False
+    engine.abort_request("held")
+    assert engine.num_free_kv_blocks() == engine.num_blocks
+    assert llm.reset_prefix_cache() is True
+    again = llm.generate(prefix, GREEDY, use_tqdm=False)[0]
+    assert again.num_cached_tokens == 0  # the prompt computed anew, to the same output
+    assert again.outputs[0].token_ids == first.outputs[0].token_ids
+    assert llm.generate(prefix, GREEDY, use_tqdm=False)[0].num_cached_tokens >= 32
+
+
 def test_seeded_sampling_is_reproducible_whatever_the_batch(tiny_llama, prompts):
     llm = LLM(tiny_llama)
     sp = SamplingParams(temperature=1.0, top_p=0.9, seed=7, max_tokens=20)
