@@ -2,15 +2,20 @@
 (SmolLM2-135M-Instruct and Gemma 3 270M, installed from PyPI, see /work/shared/models.md) and transformers'
 own GGUF load of each, the reference for tensors, logits and greedy generation.
 
-transformers' GGUF load takes ~10-25 s for SmolLM2 and ~25-50 s for Gemma here, so each file is loaded by
+transformers' GGUF load takes ~20 s for SmolLM2 and ~50 s for Gemma here, so each file is loaded by
 transformers at most once per test session, lazily (a session that selects only tiny-model tests pays
-nothing). Load times are reported in pytest's terminal summary.
+nothing), and the loaded model is saved (`save_pretrained`, float32) under the tandem cache for later
+sessions, which load that copy in a second or two. Load times are reported in pytest's terminal summary.
 
 Registered from tests/conftest.py with `pytest_plugins = ["real_fixtures"]`.
 """
 
 from __future__ import annotations
 
+import hashlib
+import os
+import shutil
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -49,13 +54,68 @@ class ReferenceModels:
             from transformers import AutoModelForCausalLM
 
             path = gguf_path(name)
+            saved = reference_copy(path)
             start = time.perf_counter()
-            model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
-                                                         dtype=torch.float32)
+            if saved.is_dir():
+                model = load_reference(saved)
+                who = "transformers (its saved load)"
+            else:
+                model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
+                                                             dtype=torch.float32)
+                who = "transformers"
             self.seconds[name] = time.perf_counter() - start
-            LOAD_TIMES.setdefault(name, {})["transformers"] = self.seconds[name]
+            LOAD_TIMES.setdefault(name, {})[who] = self.seconds[name]
+            if not saved.is_dir():
+                save_reference(model, saved)
             self._models[name] = model.eval()
         return self._models[name]
+
+
+def reference_copy(path: Path) -> Path:
+    """Where transformers' GGUF load of `path` is kept between sessions, as transformers saved it.
+    The load spends 20-55 s of a test session parsing the GGUF metadata (gguf-py's per-field
+    memmap reads, the tokenizer's 49k-262k entries, twice); loading its saved float32 copy takes a
+    second or two. Keyed by the file's bytes and the transformers, gguf and torch
+    versions, so a new file or a new converter makes a fresh copy."""
+    from importlib.metadata import version
+
+    with open(path, "rb") as f:  # its bytes (0.1-0.2 s): a fresh venv installs it anew
+        digest = hashlib.file_digest(f, "sha256").hexdigest()
+    key = hashlib.sha256("\n".join([digest, version("transformers"), version("gguf"),
+                                     torch.__version__]).encode()).hexdigest()[:16]
+    root = os.environ.get("TANDEM_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "tandem")
+    return Path(root) / "test-references" / f"{path.stem}-{key}"
+
+
+def save_reference(model: Any, where: Path) -> None:
+    """The model's config and float32 weights (safetensors, tied ones once), saved under a
+    temporary name and renamed: a session stopped mid-save leaves no copy that a later session
+    would load half of. (transformers' `save_pretrained` refuses a model loaded from GGUF.)"""
+    from safetensors.torch import save_model
+
+    try:
+        where.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=where.parent, prefix=where.name + ".tmp"))
+    except OSError:
+        return  # a read-only cache: the next session loads the GGUF file again
+    try:
+        model.config.to_json_file(str(tmp / "config.json"))
+        save_model(model, str(tmp / "model.safetensors"))
+        os.replace(tmp, where)  # fails if another session saved it first: theirs stays
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def load_reference(where: Path) -> Any:
+    """The model save_reference saved: its config, a model of that class, the weights."""
+    from safetensors.torch import load_model
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(str(where))
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    load_model(model, str(where / "model.safetensors"))  # strict: every weight, tied ones too
+    return model
 
 
 @pytest.fixture(scope="session")

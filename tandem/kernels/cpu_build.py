@@ -1,9 +1,8 @@
-"""Compiling and loading the CPU kernels (cpu_kernels.c, cpu_attention.c, cpu_gemm.c,
-cpu_decoder.c, cpu_decoder_gemma.c, cpu_quant.c, cpu_quant_half.c, cpu_quantize.c,
-cpu_gumbel.c) here.
+"""Compiling and loading the CPU kernels (the C files of `SOURCES` below, here beside this one).
 
 `TANDEM_CPU_KERNELS` chooses: `auto` (the default) compiles them with the system C compiler for
-this CPU (`-march=native`) the first time and falls back to torch ops, with one log line saying
+this CPU (`-march=native`) the first time (a compiler process per core; about 40 s on two
+cores, most of it cpu_attention.c) and falls back to torch ops, with one log line saying
 why, where there is no compiler; `c` requires them (the error says why they are missing);
 `torch` never uses them. Any other value is refused at load. `TANDEM_CPU_MARCH` names another
 compiler target than this CPU (`-march=` on x86, `-mcpu=` elsewhere: `haswell` or `x86-64-v3` for
@@ -37,6 +36,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Optional
 
@@ -233,17 +233,29 @@ def build_library() -> Path:
     os.close(fd)
     try:
         with tempfile.TemporaryDirectory() as objdir:
-            objects = []
-            for src, src_flags in per_file.items():
-                obj = os.path.join(objdir, src.stem + ".o")
-                _compile(cc, [*src_flags, "-c", "-o", obj, str(src)], f"{src.name} ({arch})")
-                objects.append(obj)
+            objects = [os.path.join(objdir, src.stem + ".o") for src in per_file]
+            # One compiler a core: a first start's build takes its longest file's time, not
+            # the sum of them all (the compiler runs in its own process, outside the GIL).
+            with ThreadPoolExecutor(max_workers=_cores()) as pool:
+                builds = [pool.submit(_compile, cc, [*src_flags, "-c", "-o", obj, str(src)],
+                                      f"{src.name} ({arch})")
+                          for (src, src_flags), obj in zip(per_file.items(), objects)]
+                for build in builds:
+                    build.result()  # the first failure, in source order, is the one raised
             _compile(cc, [*link, "-o", tmp, *objects, "-lm"], "the kernel library")
         os.replace(tmp, out)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
     return out
+
+
+def _cores() -> int:
+    """The cores this process may run on (its affinity mask, not the machine's count)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
 
 
 def _compile(cc: str, args: list[str], what: str) -> None:
