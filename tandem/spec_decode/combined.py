@@ -12,8 +12,10 @@ the same round). Catching up every step instead, over the few tokens each verify
 about as much as the draft's own drafting (Gemma 3 drafted by SmolLM2, mixed workload, Intel
 Xeon 6/167: 2.39x plain against 2.94x lazily, measured while the benchmark left the suffix tree
 full between rounds beside a draft model, so both are high and only their order is a finding).
-Against each method alone (docs/speculation.md) the combination is level with the better of
-the two, not above it.
+Against each method alone, request by request (benchmarks/bench_combination.py,
+docs/speculation.md), the combination is below the better of the two on each kind of text:
+the lookup's matches displace the draft's better runs on free text, and its proposals are
+capped by the draft's k on repeated text.
 """
 
 from __future__ import annotations
