@@ -4,8 +4,8 @@ own GGUF load of each, the reference for tensors, logits and greedy generation.
 
 transformers' GGUF load takes ~20 s for SmolLM2 and ~50 s for Gemma here, so each file is loaded by
 transformers at most once per test session, lazily (a session that selects only tiny-model tests pays
-nothing), and the loaded model is saved (`save_pretrained`, float32) under the tandem cache for later
-sessions, which load that copy in a second or two. Load times are reported in pytest's terminal summary.
+nothing), and the loaded model is saved (its config and float32 safetensors) under the tandem cache for
+later sessions, which load that copy in a few seconds. Load times are reported in pytest's terminal summary.
 
 Registered from tests/conftest.py with `pytest_plugins = ["real_fixtures"]`.
 """
@@ -72,10 +72,9 @@ class ReferenceModels:
 
 
 def reference_copy(path: Path) -> Path:
-    """Where transformers' GGUF load of `path` is kept between sessions, as transformers saved it.
-    The load spends 20-55 s of a test session parsing the GGUF metadata (gguf-py's per-field
-    memmap reads, the tokenizer's 49k-262k entries, twice); loading its saved float32 copy takes a
-    second or two. Keyed by the file's bytes and the transformers, gguf and torch
+    """Where transformers' GGUF load of `path` is kept between sessions (save_reference). The load
+    spends 20-55 s of a test session parsing the GGUF metadata (gguf-py's per-field memmap
+    reads, the tokenizer's 49k-262k entries, twice); loading the saved float32 copy takes 2-12 s. Keyed by the file's bytes and the transformers, gguf and torch
     versions, so a new file or a new converter makes a fresh copy."""
     from importlib.metadata import version
 

@@ -14,8 +14,9 @@ Xeon 6/167: 2.39x plain against 2.94x lazily, measured while the benchmark left 
 full between rounds beside a draft model, so both are high and only their order is a finding).
 Against each method alone, request by request (benchmarks/bench_combination.py,
 docs/speculation.md), the combination is below the better of the two on each kind of text:
-the lookup's matches displace the draft's better runs on free text, and its proposals are
-capped by the draft's k on repeated text.
+the lookup's matches displace the draft's better runs on free text, and on repeated text its
+proposals are capped by the draft's k (the likeliest cause there: a choice per request by
+acceptance did not lift it; benchmarks/LOG.md).
 """
 
 from __future__ import annotations
