@@ -23,18 +23,16 @@ Greedy, `ignore_eos`, `--max-tokens` each.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
-import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.bench_model_free import (DRAFTS, clear_suffix_cache, method_config,  # noqa: E402
-                                         model_path, repetitive_prompts)
+from benchmarks.bench_model_free import (DRAFTS, add_pair_args, clear_suffix_cache,  # noqa: E402
+                                         method_config, model_path, repetitive_prompts,
+                                         run_batch, synthetic_label)
 from benchmarks.common import prompts as free_prompts, save  # noqa: E402
 from tandem.bench.common import cpu_name  # noqa: E402
 
@@ -43,17 +41,8 @@ KV_BYTES = 512 * 1024**2  # per engine: four engines of the synthetic pair stay 
 
 def one_request(llm: Any, prompt: str, params: Any, tag: str) -> tuple[int, float]:
     """One request alone on `llm`'s engine: (tokens after the first, seconds they took)."""
-    engine = llm.llm_engine
-    engine.add_request(tag, prompt, params)
-    first = None
-    while engine.has_unfinished_requests():
-        for out in engine.step():
-            n = len(out.outputs[0].token_ids)
-            if n and first is None:
-                first = time.perf_counter()
-            if out.finished:
-                return n - 1, time.perf_counter() - (first or time.perf_counter())
-    raise RuntimeError(f"request {tag} never finished")
+    run = run_batch(llm.llm_engine, [prompt], params, 1, tag)
+    return run["decode_tokens"], run["decode_seconds"]
 
 
 def rate(runs: list[tuple[int, float]]) -> float:
@@ -69,11 +58,7 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--num-prompts", type=int, default=4,
                     help="repetitive prompts, and as many free-text ones")
-    ap.add_argument("--draft-k", type=int, default=8)
-    ap.add_argument("--extra", type=int, default=90,
-                    help="synthetic: perturbing layers added to SmolLM2 (synthetic_pair.py)")
-    ap.add_argument("--eps", type=float, default=0.02, help="synthetic: their output scale")
-    ap.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(), "tandem-bench"))
+    add_pair_args(ap)
     args = ap.parse_args()
     from tandem import LLM, SamplingParams
 
@@ -124,8 +109,7 @@ def main() -> None:
                                "max_tokens": args.max_tokens, "requests": len(mixed),
                                "methods": {}}
     if args.model == "synthetic":
-        results["synthetic_pair"] = (f"SmolLM2-135M + {args.extra} perturbing layers "
-                                     f"(eps {args.eps}), drafted by SmolLM2")
+        results["synthetic_pair"] = synthetic_label(args)
     print(f"plain: {statistics.median(rate(run['plain']) for run in runs):.1f} tok/s (median)")
     for name in [n for n in runs[0] if n != "plain"]:
         row = {half: {"speedup": statistics.median(ratios(name, keep)),

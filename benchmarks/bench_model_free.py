@@ -117,7 +117,8 @@ def run_batch(engine: Any, prompts: list[str], params: Any, streams: int, tag: s
                 decode_tokens += n - 1
                 decode_seconds += now - first.get(out.request_id, now)
     return {"end_to_end": tokens / (time.perf_counter() - t0),
-            "decode": decode_tokens / max(decode_seconds, 1e-9)}
+            "decode": decode_tokens / max(decode_seconds, 1e-9),
+            "decode_tokens": decode_tokens, "decode_seconds": decode_seconds}
 
 
 def clear_suffix_cache(llm: Any) -> None:
@@ -164,6 +165,20 @@ def _counters(llm: Any) -> tuple[int, int]:
             int(m["tandem:spec_decode_num_accepted_tokens"].value))
 
 
+def add_pair_args(ap: argparse.ArgumentParser) -> None:
+    """The draft model's k and the synthetic pair's shape (also bench_combination.py's)."""
+    ap.add_argument("--draft-k", type=int, default=8,
+                    help="num_speculative_tokens of draft, draft+ngram, draft+suffix")
+    ap.add_argument("--extra", type=int, default=90,
+                    help="synthetic: perturbing layers added to SmolLM2 (synthetic_pair.py)")
+    ap.add_argument("--eps", type=float, default=0.02, help="synthetic: their output scale")
+    ap.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(), "tandem-bench"))
+
+
+def synthetic_label(args: argparse.Namespace) -> str:
+    return f"SmolLM2-135M + {args.extra} perturbing layers (eps {args.eps}), drafted by SmolLM2"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", nargs="+", default=["smollm2", "gemma3"],
@@ -181,20 +196,14 @@ def main() -> None:
                     help="only the batched repetitive run (every prompt at once)")
     ap.add_argument("--num-free", type=int, default=8, help="free-text prompts")
     ap.add_argument("--keep-suffix-cache", action="store_true")
-    ap.add_argument("--draft-k", type=int, default=8,
-                    help="num_speculative_tokens of draft, draft+ngram, draft+suffix")
-    ap.add_argument("--extra", type=int, default=90,
-                    help="synthetic: perturbing layers added to SmolLM2 (synthetic_pair.py)")
-    ap.add_argument("--eps", type=float, default=0.02, help="synthetic: their output scale")
-    ap.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(), "tandem-bench"))
+    add_pair_args(ap)
     args = ap.parse_args()
     from tandem import LLM, SamplingParams
     params = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
     results: dict[str, Any] = {"cpu": cpu_name(), "max_tokens": args.max_tokens,
                                "rounds": args.rounds, "runs": []}
     if "synthetic" in args.models:
-        results["synthetic_pair"] = (f"SmolLM2-135M + {args.extra} perturbing layers "
-                                     f"(eps {args.eps}), drafted by SmolLM2")
+        results["synthetic_pair"] = synthetic_label(args)
     print(f"CPU: {cpu_name()}")
     for name in args.models:
         repetitive = repetitive_prompts(name)
