@@ -15,8 +15,9 @@ full between rounds beside a draft model, so both are high and only their order 
 Against each method alone, request by request (benchmarks/bench_combination.py,
 docs/speculation.md), the combination is below the better of the two on each kind of text:
 the lookup's matches displace the draft's better runs on free text, and on repeated text its
-proposals are capped by the draft's k (the likeliest cause there: a choice per request by
-acceptance did not lift it; benchmarks/LOG.md).
+proposals are capped by the draft's k. Neither a choice per request by acceptance nor the
+lookup's own controller (its k per request state, up to 16) lifted the repeated half
+(benchmarks/LOG.md): each miss hands the request to a draft that costs k passes and a catch-up.
 """
 
 from __future__ import annotations
