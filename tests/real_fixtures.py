@@ -74,8 +74,9 @@ class ReferenceModels:
 def reference_copy(path: Path) -> Path:
     """Where transformers' GGUF load of `path` is kept between sessions (save_reference). The load
     spends 20-55 s of a test session parsing the GGUF metadata (gguf-py's per-field memmap
-    reads, the tokenizer's 49k-262k entries, twice); loading the saved float32 copy takes 2-12 s. Keyed by the file's bytes and the transformers, gguf and torch
-    versions, so a new file or a new converter makes a fresh copy."""
+    reads, the tokenizer's 49k-262k entries, twice); loading the saved float32 copy takes 2-12 s.
+    Keyed by the file's bytes and the transformers, gguf and torch versions, so a new file or a
+    new converter makes a fresh copy."""
     from importlib.metadata import version
 
     with open(path, "rb") as f:  # its bytes (0.1-0.2 s): a fresh venv installs it anew
