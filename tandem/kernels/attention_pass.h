@@ -1,13 +1,15 @@
 /* One pass of paged attention (cpu_attention.c): up to PASS_ROWS (query, head) rows of one
- * request against their keys, tile by tile (attention_tile.h) and chunk by chunk, and the
- * passes a work item's queries are cut into. attend_rows is compiled once per cache format and
- * for the common head sizes. Included by cpu_attention.c only. */
+ * request against their keys, tile by tile (attention_tile.h; a KV head of many rows through
+ * attention_wide.h) and chunk by chunk, and the passes a work item's queries are cut into.
+ * attend_rows is compiled once per cache format and for the common head sizes. Included by
+ * cpu_attention.c only. */
 #ifndef TANDEM_ATTENTION_PASS_H
 #define TANDEM_ATTENTION_PASS_H
 #include <math.h>
 #include <stdint.h>
 
 #include "attention_tile.h"
+#include "attention_wide.h"
 
 /* Rows 0 .. nr - 1 (nr <= PASS_ROWS, each clipped to one chunk of keys; a row with lo > hi has
  * none there) against their keys, tile by tile, from a fresh state. The rows come in ng groups,
@@ -37,6 +39,11 @@ static inline __attribute__((always_inline)) void attend_rows(
         for (int h = 0; h < ng; h++) {
             const int r0 = gs[h], r1 = gs[h + 1];
             tile_head(st, c, t0, a0, t1, h);
+            if (r1 - r0 >= WIDE_ROWS) {  /* a head of many rows: through a widened tile */
+                wide_head(st, rows, r0, r1, t0, a0, t1, scale, softcap, widen_of(type), vg, cv,
+                          nv);
+                continue;
+            }
             for (int i = r0; i < r1; i += SCORE_ROWS)
                 tile_scores(rows + i, r1 - i < SCORE_ROWS ? r1 - i : SCORE_ROWS, st->k, a0, t1,
                             t0, scale, softcap, st->s + i * TILE_STRIDE, nv, type);

@@ -22,7 +22,8 @@
 #define VALUE_ROWS 4    /* rows whose value sums run together */
 #define VALUE_ACCS (LANES == 16 ? 24 : 12)  /* vector registers for those sums */
 #define VALUE_VECS 8    /* vectors of a row's sums added up at a time (of nv) */
-#define QUERY_CHUNK 16  /* a work item's queries */
+#define QUERY_CHUNK 16  /* a work item's queries (a request of at most these may be split) */
+#define WIDE_CHUNK 64   /* ... where a step has enough of them to keep every thread busy */
 
 typedef struct {
     const float *q;  /* the row's query head [D] */
@@ -39,6 +40,7 @@ typedef struct {
     int64_t a[PASS_ROWS], b[PASS_ROWS];
     float s[PASS_ROWS * TILE_STRIDE];  /* row i's score (then weight) of key j: s[i][j - t0] */
     const uint8_t *k[KEY_TILE], *v[KEY_TILE];  /* one KV head's key and value rows */
+    float *wide;                       /* [KEY_TILE][D]: a widened tile (attention_wide.h) */
     vf acc[];                          /* [PASS_ROWS][2][nv] */
 } pass_t;
 

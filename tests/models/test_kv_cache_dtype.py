@@ -112,6 +112,36 @@ def test_attention_reads_each_format_at_every_depth(fused, name):
         torch.set_num_threads(before)
 
 
+@pytest.mark.parametrize("name", ["float32", "float16", "q8_0", "fp8_e5m2"])
+@pytest.mark.parametrize("h,hkv,d,window,cap", [(4, 1, 64, None, None), (8, 8, 128, 70, None),
+                                                (2, 2, 256, None, 30.0)])
+def test_a_tile_widened_for_many_rows_keeps_a_decode_rows_bits(fused, name, h, hkv, d, window,
+                                                                cap):
+    """Where a KV head has many rows (a prefill, a long verification), each tile is widened to
+    float32 once for all of them and its scores computed in register blocks: each query's
+    output still has the bits it has decoded alone (one row per head: the tile read in place)."""
+    fmt = FORMATS[name]
+    g = torch.Generator().manual_seed(2)
+    block, depth, qlen = 16, 300, 24
+    table = list(range(1, depth // block + 2))
+    k = torch.randn((len(table) + 1) * block, hkv, d, generator=g) * 2
+    kc, vc = fmt.store(k), fmt.store(torch.randn(k.shape, generator=g))
+    q = torch.randn(qlen, h, d, generator=g)
+
+    def attend(query_lens, seq_lens, rows):
+        meta = build_attention_metadata(query_lens, seq_lens, [table] * len(query_lens), block,
+                                        torch.device("cpu"))
+        out = torch.empty(rows.shape)
+        assert cpu_kernels.paged_attention(rows, kc, vc, out, meta.requests, meta.kv_slots,
+                                           d ** -0.5, window, cap)
+        return out
+
+    many = attend([qlen], [depth], q)  # qlen * h / hkv >= 8 rows per KV head: widened
+    for i in range(qlen):
+        alone = attend([1], [depth - qlen + 1 + i], q[i:i + 1])
+        assert torch.equal(alone[0], many[i]), (name, i)
+
+
 @pytest.fixture(scope="module")
 def wide(tmp_path_factory) -> str:
     """A tiny llama with head size 64 (q8_0's blocks of 32 divide it)."""
