@@ -15,10 +15,12 @@
  * none there) against their keys, tile by tile, from a fresh state. The rows come in ng groups,
  * group h (rows gs[h] .. gs[h + 1] - 1) of KV head c->g + h. Leaves each row's partial in st: its
  * maximum st->m, the sum of its weights st->total, and its value sums (the chains added) in
- * st->acc's first nv vectors. */
+ * st->acc's first nv vectors. wide (a constant): every group has WIDE_ROWS rows or more, and
+ * goes through tiles widened by `widen` (attention_wide.h; type then plays no part). */
 static inline __attribute__((always_inline)) void attend_rows(
         const row_t *rows, int nr, const int *gs, int ng, const cache_t *c, float scale,
-        float softcap, pass_t *st, const int nv, const int type) {
+        float softcap, pass_t *st, const int nv, const int type, const int wide,
+        widen_fn widen) {
     const int split = split_of(nv);
     int64_t lo = INT64_MAX, hi = -1;
     for (int i = 0; i < nr; i++) {
@@ -39,9 +41,8 @@ static inline __attribute__((always_inline)) void attend_rows(
         for (int h = 0; h < ng; h++) {
             const int r0 = gs[h], r1 = gs[h + 1];
             tile_head(st, c, t0, a0, t1, h);
-            if (r1 - r0 >= WIDE_ROWS) {  /* a head of many rows: through a widened tile */
-                wide_head(st, rows, r0, r1, t0, a0, t1, scale, softcap, widen_of(type), vg, cv,
-                          nv);
+            if (wide) {
+                wide_head_rows(st, rows, r0, r1, t0, a0, t1, scale, softcap, widen, vg, cv, nv);
                 continue;
             }
             for (int i = r0; i < r1; i += SCORE_ROWS)
@@ -78,29 +79,41 @@ static inline __attribute__((always_inline)) void attend_rows(
         }
 }
 
-/* attend_rows compiled for each cache format and for head sizes 64, 128 and 256 (unrolled). */
-#define ATTEND_SIZES(TYPE)                                                                     \
-    static void attend_##TYPE(const row_t *rows, int nr, const int *gs, int ng,                \
+/* attend_rows compiled for each cache format and for head sizes 64, 128 and 256 (unrolled);
+ * WIDE, the pass of many rows a head, once per head size (only its widening knows the format). */
+#define ATTEND_SIZES(NAME, TYPE, WIDE, WIDEN)                                                   \
+    static void attend_##NAME(const row_t *rows, int nr, const int *gs, int ng,                \
                               const cache_t *c, float scale, float softcap, pass_t *st,        \
                               int nv) {                                                        \
         const float sc = scale, cap = softcap;                                                 \
-        if (nv == 64 / LANES) attend_rows(rows, nr, gs, ng, c, sc, cap, st, 64 / LANES, TYPE); \
+        const widen_fn w = WIDEN;                                                              \
+        if (nv == 64 / LANES)                                                                  \
+            attend_rows(rows, nr, gs, ng, c, sc, cap, st, 64 / LANES, TYPE, WIDE, w);          \
         else if (nv == 128 / LANES)                                                            \
-            attend_rows(rows, nr, gs, ng, c, sc, cap, st, 128 / LANES, TYPE);                  \
+            attend_rows(rows, nr, gs, ng, c, sc, cap, st, 128 / LANES, TYPE, WIDE, w);         \
         else if (nv == 256 / LANES)                                                            \
-            attend_rows(rows, nr, gs, ng, c, sc, cap, st, 256 / LANES, TYPE);                  \
-        else attend_rows(rows, nr, gs, ng, c, sc, cap, st, nv, TYPE);                          \
+            attend_rows(rows, nr, gs, ng, c, sc, cap, st, 256 / LANES, TYPE, WIDE, w);         \
+        else attend_rows(rows, nr, gs, ng, c, sc, cap, st, nv, TYPE, WIDE, w);                 \
     }
-ATTEND_SIZES(KV_F32)
-ATTEND_SIZES(KV_BF16)
-ATTEND_SIZES(KV_F16)
-ATTEND_SIZES(KV_FP8_E4M3)
-ATTEND_SIZES(KV_FP8_E5M2)
-ATTEND_SIZES(KV_Q8_0)
+ATTEND_SIZES(KV_F32, KV_F32, 0, NULL)
+ATTEND_SIZES(KV_BF16, KV_BF16, 0, NULL)
+ATTEND_SIZES(KV_F16, KV_F16, 0, NULL)
+ATTEND_SIZES(KV_FP8_E4M3, KV_FP8_E4M3, 0, NULL)
+ATTEND_SIZES(KV_FP8_E5M2, KV_FP8_E5M2, 0, NULL)
+ATTEND_SIZES(KV_Q8_0, KV_Q8_0, 0, NULL)
+ATTEND_SIZES(WIDE, KV_F32, 1, widen_of(c->type))
 #undef ATTEND_SIZES
 
+/* Every group of WIDE_ROWS rows or more (a prefill's or a long verification's pass): the wide
+ * copy; else the cache format's own (a decode: a head's query heads, read in place). */
 static void attend_pass(const row_t *rows, int nr, const int *gs, int ng, const cache_t *c,
                         float scale, float softcap, pass_t *st, int nv) {
+    int fewest = PASS_ROWS;
+    for (int h = 0; h < ng; h++) fewest = gs[h + 1] - gs[h] < fewest ? gs[h + 1] - gs[h] : fewest;
+    if (fewest >= WIDE_ROWS) {
+        attend_WIDE(rows, nr, gs, ng, c, scale, softcap, st, nv);
+        return;
+    }
     switch (c->type) {
     case KV_F32: attend_KV_F32(rows, nr, gs, ng, c, scale, softcap, st, nv); return;
     case KV_BF16: attend_KV_BF16(rows, nr, gs, ng, c, scale, softcap, st, nv); return;

@@ -3,8 +3,8 @@
  * float32 once into a buffer, and its rows' scores are computed in register blocks of rows by
  * keys. The numbers are the cache's own (widened exactly) and every sum runs in the order of
  * attention_tile.h's functions, so each row has the bits it has in a decode, where a tile is
- * widened in registers row group by row group. Compiled once per head size, not per cache
- * format: only the widening knows the format. Included by attention_pass.h only. */
+ * widened in registers row group by row group. attention_pass.h compiles a pass of such heads
+ * once per head size, not per cache format: only the widening knows the format. */
 #ifndef TANDEM_ATTENTION_WIDE_H
 #define TANDEM_ATTENTION_WIDE_H
 #include <stdint.h>
@@ -127,15 +127,4 @@ static inline __attribute__((always_inline)) void wide_head_rows(
     }
 }
 
-/* wide_head_rows compiled for head sizes 64, 128 and 256 (unrolled) and any other. */
-static void wide_head(pass_t *st, const row_t *rows, int r0, int r1, int64_t t0, int64_t a0,
-                      int64_t t1, float scale, float softcap, widen_fn widen, int vg, int cv,
-                      int nv) {
-#define AT(NV, CV) wide_head_rows(st, rows, r0, r1, t0, a0, t1, scale, softcap, widen, vg, CV, NV)
-    if (nv == 64 / LANES && cv == nv) AT(64 / LANES, 64 / LANES);
-    else if (nv == 128 / LANES && cv == VALUE_VECS) AT(128 / LANES, VALUE_VECS);
-    else if (nv == 256 / LANES && cv == VALUE_VECS) AT(256 / LANES, VALUE_VECS);
-    else AT(nv, cv);
-#undef AT
-}
 #endif
