@@ -26,13 +26,13 @@
  * QUERY_CHUNK queries) PASS_ROWS at a time; so each tile of keys and values is read from memory
  * once for all of them, then from the caches. Where a KV head has WIDE_ROWS rows or more
  * (verification, prefill), its tile is widened to float32 once into a buffer and its scores
- * computed in register blocks of rows by keys (attention_tile.h: tile_widen, wide_scores): the
- * same numbers in the same order, so the same bits, at 1.3-1.9x the speed of a 1,024-token
- * prefill's attention. Before a tile's heads are computed, all its cache
- * lines are prefetched at once in address order (a key's heads lie side by side in its slot, so
- * a decode streams whole slots; read head by head, 32 heads of 64 float16 numbers put each row a
- * 4 KB page apart, which the hardware prefetchers do not follow: without the fetch, 1.7x slower
- * at depth 4,096 for float16 and 1.6x for q8_0). Rows with the same keys (one query's heads) add
+ * computed in register blocks of rows by keys (attention_wide.h): the same numbers in the same
+ * order, so the same bits, at 1.3-1.7x the speed on a 1,024-token prefill (docs/performance.md).
+ * Before a tile's heads are computed, all its cache lines are prefetched at once in address
+ * order (a key's heads lie side by side in its slot, so a decode streams whole slots; read head
+ * by head, 32 heads of 64 float16 numbers put each row a 4 KB page apart, which the hardware
+ * prefetchers do not follow: without the fetch, 1.7x slower at depth 4,096 for float16 and 1.6x
+ * for q8_0). Rows with the same keys (one query's heads) add
  * up their value rows together, and a row's value sums run as two interleaved chains where it
  * has few vectors, so the adds do not wait on each other. Work items (a request's queries,
  * QUERY_CHUNK or, in long prompts, WIDE_CHUNK at a time) spread over torch's OpenMP threads, so
@@ -74,11 +74,10 @@ static void *scratch(int which, size_t bytes) {
  * written) on sizes or formats it does not take, or no memory.
  *
  * Work items: a request's queries QUERY_CHUNK (or WIDE_CHUNK) at a time, each over all its
- * key chunks; where
- * that leaves threads idle (a few long requests: decoding at depth), a request of at most
- * QUERY_CHUNK queries runs one item per key chunk instead (flash-decoding), and its chunks'
- * partials are folded afterwards in chunk order: the same folds, in the same order, as one
- * item would do, so the same bits. */
+ * key chunks; where that leaves threads idle (a few long requests: decoding at depth), a
+ * request of at most QUERY_CHUNK queries runs one item per key chunk instead (flash-decoding),
+ * and its chunks' partials are folded afterwards in chunk order: the same folds, in the same
+ * order, as one item would do, so the same bits. */
 int tandem_paged_attention(const float *q, int64_t q_stride, const void *k_cache,
                            const void *v_cache, float *out, const int64_t *req,
                            const int64_t *kv_slots, int64_t num_reqs, int64_t lmax, int64_t h,
@@ -98,8 +97,8 @@ int tandem_paged_attention(const float *q, int64_t q_stride, const void *k_cache
                      + (req[3 * r + 2] + CHUNK_KEYS - 1) / CHUNK_KEYS;
     }
     const int spread = nt > 1 && plain < 2 * nt;  /* threads would idle: split long requests */
-    /* Long prompts go WIDE_CHUNK queries an item: a KV head's tile then serves 4x the rows
-     * (attention_tile.h's tile_widen), 1.1-1.3x faster on a prefill; shorter steps keep
+    /* Long prompts go WIDE_CHUNK queries an item: a KV head's widened tile then serves 4x the
+     * rows (attention_wide.h), 1.2x faster on a 2,048-token prefill; shorter steps keep
      * QUERY_CHUNK, so that every thread has work. Neither changes a row's bits. */
     const int64_t qc = wide >= 4 * nt ? WIDE_CHUNK : QUERY_CHUNK;
     item_t *items = malloc(sizeof(item_t) * (size_t)(max_items + 1));
