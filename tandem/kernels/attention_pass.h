@@ -41,25 +41,28 @@ static inline __attribute__((always_inline)) void attend_rows(
         for (int h = 0; h < ng; h++) {
             const int r0 = gs[h], r1 = gs[h + 1];
             tile_head(st, c, t0, a0, t1, h);
-            if (wide) {
-                wide_head_rows(st, rows, r0, r1, t0, a0, t1, scale, softcap, widen, vg, cv, nv);
-                continue;
+            if (wide) {  /* the keys, then (below) the values, through one float32 buffer */
+                widen(st->k, st->wide, t0, a0, t1, nv);
+                wide_scores(rows + r0, r1 - r0, st->k, a0, t1, t0, scale, softcap,
+                            st->s + r0 * TILE_STRIDE, nv);
+            } else {
+                for (int i = r0; i < r1; i += SCORE_ROWS)
+                    tile_scores(rows + i, r1 - i < SCORE_ROWS ? r1 - i : SCORE_ROWS, st->k, a0,
+                                t1, t0, scale, softcap, st->s + i * TILE_STRIDE, nv, type);
             }
-            for (int i = r0; i < r1; i += SCORE_ROWS)
-                tile_scores(rows + i, r1 - i < SCORE_ROWS ? r1 - i : SCORE_ROWS, st->k, a0, t1,
-                            t0, scale, softcap, st->s + i * TILE_STRIDE, nv, type);
             for (int i = r0; i < r1; i++) {
                 st->a[i] = rows[i].lo > t0 ? rows[i].lo : t0;
                 st->b[i] = rows[i].hi < t1 ? rows[i].hi : t1;
                 if (st->a[i] <= st->b[i]) tile_weights(st, i, t0);
             }
+            if (wide) widen(st->v, st->wide, t0, a0, t1, nv);
             for (int i0 = r0; i0 < r1;) {
                 int gn = 1;
                 while (i0 + gn < r1 && gn < vg && st->a[i0 + gn] == st->a[i0]
                        && st->b[i0 + gn] == st->b[i0])
                     gn++;
                 if (st->a[i0] <= st->b[i0]) {
-#define VALUES(GN) tile_values(st, i0, GN, t0, e0, cv, nv, type)
+#define VALUES(GN) tile_values(st, i0, GN, t0, e0, cv, nv, wide ? KV_F32 : type)
                     for (int e0 = 0; e0 < nv; e0 += cv) {
                         if (gn == 1) VALUES(1);
                         else if (gn == 2) VALUES(2);

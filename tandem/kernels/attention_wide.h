@@ -1,9 +1,10 @@
-/* A KV head's many rows against one tile (cpu_attention.c): where a head has WIDE_ROWS rows or
- * more in a pass (verification, prefill), its tile's keys, then its values, are widened to
- * float32 once into a buffer, and its rows' scores are computed in register blocks of rows by
- * keys. The numbers are the cache's own (widened exactly) and every sum runs in the order of
- * attention_tile.h's functions, so each row has the bits it has in a decode, where a tile is
- * widened in registers row group by row group. attention_pass.h compiles a pass of such heads
+/* A KV head's many rows against one tile (cpu_attention.c): where every head of a pass has
+ * WIDE_ROWS rows or more (verification, prefill), attend_rows widens each tile's keys, then its
+ * values, to float32 once into a buffer (a widening function per format, here), computes the
+ * scores in register blocks of rows by keys (wide_scores, here), and the weights and value sums
+ * as for any tile. The numbers are the cache's own (widened exactly) and every sum runs in the
+ * order of attention_tile.h's functions, so each row has the bits it has in a decode, where a
+ * tile is widened in registers row group by row group. attention_pass.h compiles such a pass
  * once per head size, not per cache format: only the widening knows the format. */
 #ifndef TANDEM_ATTENTION_WIDE_H
 #define TANDEM_ATTENTION_WIDE_H
@@ -92,38 +93,6 @@ static inline __attribute__((always_inline)) void wide_scores(
                 store(s + (i + r) * TILE_STRIDE + (j - t0), sc);
             }
         }
-    }
-}
-
-/* Rows r0 .. r1 - 1 of one KV head (st->k, st->v at its rows of keys a0 .. t1 of the tile at
- * t0) through this tile: the scores, the weights, the value sums, as attend_rows does for a
- * head's rows, from the widened tile. vg rows of the same keys share a value row, cv of its
- * vectors at a time (attend_rows' choice). nv is a constant where inlined. */
-static inline __attribute__((always_inline)) void wide_head_rows(
-        pass_t *st, const row_t *rows, int r0, int r1, int64_t t0, int64_t a0, int64_t t1,
-        float scale, float softcap, widen_fn widen, int vg, const int cv, const int nv) {
-    widen(st->k, st->wide, t0, a0, t1, nv);
-    wide_scores(rows + r0, r1 - r0, st->k, a0, t1, t0, scale, softcap, st->s + r0 * TILE_STRIDE,
-                nv);
-    for (int i = r0; i < r1; i++) {
-        st->a[i] = rows[i].lo > t0 ? rows[i].lo : t0;
-        st->b[i] = rows[i].hi < t1 ? rows[i].hi : t1;
-        if (st->a[i] <= st->b[i]) tile_weights(st, i, t0);
-    }
-    widen(st->v, st->wide, t0, a0, t1, nv);
-    for (int i0 = r0; i0 < r1;) {
-        int gn = 1;
-        while (i0 + gn < r1 && gn < vg && st->a[i0 + gn] == st->a[i0]
-               && st->b[i0 + gn] == st->b[i0])
-            gn++;
-        if (st->a[i0] <= st->b[i0])
-            for (int e0 = 0; e0 < nv; e0 += cv) {
-                if (gn == 1) tile_values(st, i0, 1, t0, e0, cv, nv, KV_F32);
-                else if (gn == 2) tile_values(st, i0, 2, t0, e0, cv, nv, KV_F32);
-                else if (gn == 3) tile_values(st, i0, 3, t0, e0, cv, nv, KV_F32);
-                else tile_values(st, i0, 4, t0, e0, cv, nv, KV_F32);
-            }
-        i0 += gn;
     }
 }
 
