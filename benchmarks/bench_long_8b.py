@@ -50,7 +50,9 @@ def main() -> None:
                     help="tokens generated per sequence (default: the other prompts' prefill "
                          "steps + 16)")
     ap.add_argument("--max-num-batched-tokens", type=int, default=2048)
-    ap.add_argument("--kv-cache-dtype", default="q8_0")
+    ap.add_argument("--kv-cache-dtype", default=None,
+                    help="q8_0 by default; float16 with --smoke (its head of 16 is below a q8_0 "
+                         "block)")
     ap.add_argument("--block-size", type=int, default=16)
     ap.add_argument("--smoke", action="store_true", help="a tiny model: checks the script")
     ap.add_argument("--output", type=Path,
@@ -59,6 +61,8 @@ def main() -> None:
     from tandem import LLM, SamplingParams
 
     shape, vocab = (TINY, 2048) if args.smoke else (QWEN3_8B, 151936)
+    if args.kv_cache_dtype is None:
+        args.kv_cache_dtype = "float16" if args.smoke else "q8_0"
     if args.tokens is None:
         args.tokens = (args.seqs - 1) * -(-args.depth // args.max_num_batched_tokens) + 16
     length = args.depth + args.tokens
