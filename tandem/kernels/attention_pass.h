@@ -16,11 +16,12 @@
  * group h (rows gs[h] .. gs[h + 1] - 1) of KV head c->g + h. Leaves each row's partial in st: its
  * maximum st->m, the sum of its weights st->total, and its value sums (the chains added) in
  * st->acc's first nv vectors. wide (a constant): every group has WIDE_ROWS rows or more, and
- * goes through tiles widened by `widen` (attention_wide.h; type then plays no part). */
+ * goes through tiles widened by `widen_keys` and `widen` (attention_wide.h; type then plays no
+ * part). */
 static inline __attribute__((always_inline)) void attend_rows(
         const row_t *rows, int nr, const int *gs, int ng, const cache_t *c, float scale,
         float softcap, pass_t *st, const int nv, const int type, const int wide,
-        widen_fn widen) {
+        widen_fn widen, widen_fn widen_keys) {
     const int split = split_of(nv);
     int64_t lo = INT64_MAX, hi = -1;
     for (int i = 0; i < nr; i++) {
@@ -42,8 +43,8 @@ static inline __attribute__((always_inline)) void attend_rows(
             const int r0 = gs[h], r1 = gs[h + 1];
             tile_head(st, c, t0, a0, t1, h);
             if (wide) {  /* the keys, then (below) the values, through one float32 buffer */
-                widen(st->k, st->wide, t0, a0, t1, nv);
-                wide_scores(rows + r0, r1 - r0, st->k, a0, t1, t0, scale, softcap,
+                widen_keys(st->k, st->wide, t0, a0, t1, nv);
+                wide_scores(rows + r0, r1 - r0, st->k, st->wide, a0, t1, t0, scale, softcap,
                             st->s + r0 * TILE_STRIDE, nv);
             } else {
                 for (int i = r0; i < r1; i += SCORE_ROWS)
@@ -84,27 +85,28 @@ static inline __attribute__((always_inline)) void attend_rows(
 
 /* attend_rows compiled for each cache format and for head sizes 64, 128 and 256 (unrolled);
  * WIDE, the pass of many rows a head, once per head size (only its widening knows the format). */
-#define ATTEND_SIZES(NAME, TYPE, WIDE, WIDEN)                                                   \
+#define ATTEND_SIZES(NAME, TYPE, WIDE, WIDEN, WIDEN_K)                                         \
     static void attend_##NAME(const row_t *rows, int nr, const int *gs, int ng,                \
                               const cache_t *c, float scale, float softcap, pass_t *st,        \
                               int nv) {                                                        \
         const float sc = scale, cap = softcap;                                                 \
         const widen_fn w = WIDEN;                                                              \
+        const widen_fn wk = WIDEN_K;                                                           \
         if (nv == 64 / LANES)                                                                  \
-            attend_rows(rows, nr, gs, ng, c, sc, cap, st, 64 / LANES, TYPE, WIDE, w);          \
+            attend_rows(rows, nr, gs, ng, c, sc, cap, st, 64 / LANES, TYPE, WIDE, w, wk);      \
         else if (nv == 128 / LANES)                                                            \
-            attend_rows(rows, nr, gs, ng, c, sc, cap, st, 128 / LANES, TYPE, WIDE, w);         \
+            attend_rows(rows, nr, gs, ng, c, sc, cap, st, 128 / LANES, TYPE, WIDE, w, wk);     \
         else if (nv == 256 / LANES)                                                            \
-            attend_rows(rows, nr, gs, ng, c, sc, cap, st, 256 / LANES, TYPE, WIDE, w);         \
-        else attend_rows(rows, nr, gs, ng, c, sc, cap, st, nv, TYPE, WIDE, w);                 \
+            attend_rows(rows, nr, gs, ng, c, sc, cap, st, 256 / LANES, TYPE, WIDE, w, wk);     \
+        else attend_rows(rows, nr, gs, ng, c, sc, cap, st, nv, TYPE, WIDE, w, wk);             \
     }
-ATTEND_SIZES(KV_F32, KV_F32, 0, NULL)
-ATTEND_SIZES(KV_BF16, KV_BF16, 0, NULL)
-ATTEND_SIZES(KV_F16, KV_F16, 0, NULL)
-ATTEND_SIZES(KV_FP8_E4M3, KV_FP8_E4M3, 0, NULL)
-ATTEND_SIZES(KV_FP8_E5M2, KV_FP8_E5M2, 0, NULL)
-ATTEND_SIZES(KV_Q8_0, KV_Q8_0, 0, NULL)
-ATTEND_SIZES(WIDE, KV_F32, 1, widen_of(c->type))
+ATTEND_SIZES(KV_F32, KV_F32, 0, NULL, NULL)
+ATTEND_SIZES(KV_BF16, KV_BF16, 0, NULL, NULL)
+ATTEND_SIZES(KV_F16, KV_F16, 0, NULL, NULL)
+ATTEND_SIZES(KV_FP8_E4M3, KV_FP8_E4M3, 0, NULL, NULL)
+ATTEND_SIZES(KV_FP8_E5M2, KV_FP8_E5M2, 0, NULL, NULL)
+ATTEND_SIZES(KV_Q8_0, KV_Q8_0, 0, NULL, NULL)
+ATTEND_SIZES(WIDE, KV_F32, 1, widen_of(c->type), widen_keys_of(c->type))
 #undef ATTEND_SIZES
 
 /* Every group of WIDE_ROWS rows or more (a prefill's or a long verification's pass): the wide

@@ -13,12 +13,6 @@
 #include "attention_tile.h"
 
 #define WIDE_ROWS 8  /* a KV head's rows from which its tile is widened once for all of them */
-#if LANES == 16
-#define WIDE_SR 4    /* rows by keys of a block of scores: accumulators and operands in registers */
-#else
-#define WIDE_SR 2
-#endif
-#define WIDE_SK 4
 
 /* Rows a .. t1 of the tile at t0 (rows[j - t0], keys or values, in format `type`) widened to
  * float32 exactly (kv_vec) into buf [KEY_TILE][D], and rows[] pointed at them, so that the
@@ -57,13 +51,23 @@ static widen_fn widen_of(int type) {
     }
 }
 
+#if LANES == 16
+#include "attention_wide16.h"  /* the keys transposed: widen_keys_of, wide_scores */
+#else
+#define WIDE_SR 2  /* rows by keys of a block of scores: accumulators and operands in registers */
+#define WIDE_SK 4
+
+/* The keys' widening of the wide pass: as the values', a row a key. */
+static widen_fn widen_keys_of(int type) { return widen_of(type); }
+
 /* tile_scores for nr rows against float32 key rows: blocks of WIDE_SR rows by WIDE_SK keys, each
  * (row, key) product summed over the vectors from 0 in order and its lanes by reduce_lanes, as
  * tile_scores does, with a block's queries and keys in registers (6 loads per 8 multiply-adds
  * on AVX2, against tile_scores' 5 per 4). nv is a constant where inlined. */
 static inline __attribute__((always_inline)) void wide_scores(
-        const row_t *rows, int nr, const uint8_t *const *krow, int64_t a, int64_t b, int64_t t0,
-        float scale, float softcap, float *s, const int nv) {
+        const row_t *rows, int nr, const uint8_t *const *krow, const float *kt, int64_t a,
+        int64_t b, int64_t t0, float scale, float softcap, float *s, const int nv) {
+    (void)kt;  /* the tile's widened keys, read through krow */
     for (int i = 0; i < nr; i += WIDE_SR) {
         const float *qp[WIDE_SR];  /* past nr: the last row again, its results dropped */
         for (int r = 0; r < WIDE_SR; r++) qp[r] = rows[i + r < nr ? i + r : nr - 1].q;
@@ -95,5 +99,6 @@ static inline __attribute__((always_inline)) void wide_scores(
         }
     }
 }
+#endif
 
 #endif
