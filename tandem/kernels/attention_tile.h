@@ -81,6 +81,23 @@ static inline void tile_fetch(const cache_t *c, int64_t a, int64_t b, int ng) {
     }
 }
 
+/* KV head c->g + h's rows of keys a .. b, keys and values, asked of the memory. A q8_0 decode
+ * asks for the next tile's rows so, head by head while this tile's heads are computed, on top of
+ * tile_fetch's burst: a q8_0 row takes more instructions a byte to widen than a 16-bit one, so
+ * after a burst its tile's compute left the memory idle longer. On a Zen 5 a q8_0 decode at
+ * depth 4,096 went from 17.9-19.1 to 23.3-24.1 tok/s (the 1.7B shape; the kernel alone at depth
+ * 16,384 1.44-1.64x, natively and held to AVX2); 16-bit caches lost 2-7% and fp8 gained 1-5%
+ * the same way, so they keep the burst alone (benchmarks/LOG.md). */
+static inline void head_fetch(const cache_t *c, int64_t a, int64_t b, int h) {
+    for (int64_t j = a; j <= b; j++) {
+        const int64_t off = (c->slots[j] * c->hkv + c->g + h) * c->rb;
+        for (int64_t l = 0; l < c->rb; l += 64) {
+            __builtin_prefetch(c->k + off + l, 0, 2);
+            __builtin_prefetch(c->v + off + l, 0, 2);
+        }
+    }
+}
+
 static inline int split_of(int nv) { return nv < 8 ? 2 : 1; }
 
 /* Scores of rows 0 .. nr - 1 (nr <= SCORE_ROWS) for keys a .. b of the tile at t0 (key rows
