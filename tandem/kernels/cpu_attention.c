@@ -32,7 +32,8 @@
  * order (a key's heads lie side by side in its slot, so a decode streams whole slots; read head
  * by head, 32 heads of 64 float16 numbers put each row a 4 KB page apart, which the hardware
  * prefetchers do not follow: without the fetch, 1.7x slower at depth 4,096 for float16 and 1.6x
- * for q8_0). Rows with the same keys (one query's heads) add
+ * for q8_0; a q8_0 decode also asks for the next tile head by head: attention_tile.h's
+ * head_fetch). Rows with the same keys (one query's heads) add
  * up their value rows together, and a row's value sums run as two interleaved chains where it
  * has few vectors, so the adds do not wait on each other. Work items (a request's queries,
  * QUERY_CHUNK or, in long prompts, WIDE_CHUNK at a time) spread over torch's OpenMP threads, so
