@@ -2,7 +2,7 @@
  * widens keys to float32 into a buffer a key per lane, and wide_scores takes 16 keys' scores a
  * vector, so that vec.h's tree over a product's lanes (reduce_lanes: 30 shuffles and 15 adds
  * for 16 scores) becomes 15 vector adds in the same order: the same bits. On a Zen 5 the kernel
- * of a 1,024-token prefill ran 1.15-1.18x faster than with attention_wide.h's row-major scores;
+ * of a 1,024-token prefill ran 1.13-1.21x faster than with attention_wide.h's row-major scores;
  * with 8 lanes (AVX2) 0.95-0.97x, so there the tree's 12 shuffles a vector stay
  * (benchmarks/LOG.md). Included by attention_wide.h only. */
 #ifndef TANDEM_ATTENTION_WIDE16_H
