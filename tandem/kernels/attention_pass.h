@@ -42,11 +42,11 @@ static inline __attribute__((always_inline)) void attend_rows(
         for (int h = 0; h < ng; h++) {
             const int r0 = gs[h], r1 = gs[h + 1];
             tile_head(st, c, t0, a0, t1, h);
-            if (type == KV_Q8_0 && !wide && t1 < hi)  /* the next tile's rows of this head */
+            if (fetch_ahead(type) && !wide && t1 < hi)  /* the next tile's rows of this head */
                 head_fetch(c, t1 + 1, t1 + KEY_TILE < hi ? t1 + KEY_TILE : hi, h);
             if (wide) {  /* the keys, then (below) the values, through one float32 buffer */
                 widen_keys(st->k, st->wide, t0, a0, t1, nv);
-                wide_scores(rows + r0, r1 - r0, st->k, st->wide, a0, t1, t0, scale, softcap,
+                wide_scores(rows + r0, r1 - r0, st, a0, t1, t0, scale, softcap,
                             st->s + r0 * TILE_STRIDE, nv);
             } else {
                 for (int i = r0; i < r1; i += SCORE_ROWS)

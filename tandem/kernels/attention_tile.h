@@ -87,7 +87,8 @@ static inline void tile_fetch(const cache_t *c, int64_t a, int64_t b, int ng) {
  * after a burst its tile's compute left the memory idle longer. On a Zen 5 a q8_0 decode at
  * depth 4,096 went from 17.9-19.1 to 23.3-24.1 tok/s (the 1.7B shape; the kernel alone at depth
  * 16,384 1.44-1.67x, natively and held to AVX2); 16-bit caches lost 2-7% and fp8 gained 1-5%
- * the same way, so they keep the burst alone (benchmarks/LOG.md). */
+ * the same way, so they keep the burst alone (fetch_ahead; benchmarks/LOG.md). */
+static inline int fetch_ahead(int type) { return type == KV_Q8_0; }
 static inline void head_fetch(const cache_t *c, int64_t a, int64_t b, int h) {
     for (int64_t j = a; j <= b; j++) {
         const int64_t off = (c->slots[j] * c->hkv + c->g + h) * c->rb;

@@ -60,14 +60,15 @@ static widen_fn widen_of(int type) {
 /* The keys' widening of the wide pass: as the values', a row a key. */
 static widen_fn widen_keys_of(int type) { return widen_of(type); }
 
-/* tile_scores for nr rows against float32 key rows: blocks of WIDE_SR rows by WIDE_SK keys, each
- * (row, key) product summed over the vectors from 0 in order and its lanes by reduce_lanes, as
- * tile_scores does, with a block's queries and keys in registers (6 loads per 8 multiply-adds
- * on AVX2, against tile_scores' 5 per 4). nv is a constant where inlined. */
+/* tile_scores for nr rows against the tile's widened key rows (st->k): blocks of WIDE_SR rows
+ * by WIDE_SK keys, each (row, key) product summed over the vectors from 0 in order and its
+ * lanes by reduce_lanes, as tile_scores does, with a block's queries and keys in registers (6
+ * loads per 8 multiply-adds on AVX2, against tile_scores' 5 per 4). nv is a constant where
+ * inlined. */
 static inline __attribute__((always_inline)) void wide_scores(
-        const row_t *rows, int nr, const uint8_t *const *krow, const float *kt, int64_t a,
-        int64_t b, int64_t t0, float scale, float softcap, float *s, const int nv) {
-    (void)kt;  /* the tile's widened keys, read through krow */
+        const row_t *rows, int nr, const pass_t *st, int64_t a, int64_t b, int64_t t0,
+        float scale, float softcap, float *s, const int nv) {
+    const uint8_t *const *krow = st->k;
     for (int i = 0; i < nr; i += WIDE_SR) {
         const float *qp[WIDE_SR];  /* past nr: the last row again, its results dropped */
         for (int r = 0; r < WIDE_SR; r++) qp[r] = rows[i + r < nr ? i + r : nr - 1].q;

@@ -78,16 +78,16 @@ static inline __attribute__((always_inline)) vf bcast(const float *x) {
     return SH(v, v, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
 }
 
-/* tile_scores for nr rows against a transposed tile kt (widen_t): LANES keys a vector, so that
- * lane l of the partial sum of vector position p (the sum over the vectors e, from 0, of
- * q[e LANES + p] k[e LANES + p]) is one product chain of key l, and reduce_lanes' tree over p is
- * a tree of vector adds, in its order: u_p = s_p + s_{p + LANES/2}, then u_p + u_{p + LANES/4},
- * ...; the same bits as tile_scores, without its shuffles. Blocks of WIDE_SR rows by WIDE_SK key
+/* tile_scores for nr rows against the transposed tile in st->wide (widen_t): LANES keys a
+ * vector, so that lane l of the partial sum of vector position p (the sum over the vectors e,
+ * from 0, of q[e LANES + p] k[e LANES + p]) is one product chain of key l, and reduce_lanes'
+ * tree over p is a tree of vector adds, in its order: u_p = s_p + s_{p + LANES/2}, then
+ * u_p + u_{p + LANES/4}, ...; the same bits as tile_scores, without its shuffles. Blocks of WIDE_SR rows by WIDE_SK key
  * vectors; the positions p in the tree's order, so that few partials are live at once. */
 static inline __attribute__((always_inline)) void wide_scores(
-        const row_t *rows, int nr, const uint8_t *const *krow, const float *kt, int64_t a,
-        int64_t b, int64_t t0, float scale, float softcap, float *s, const int nv) {
-    (void)krow;  /* the cache's rows: the tile's keys are read from kt */
+        const row_t *rows, int nr, const pass_t *st, int64_t a, int64_t b, int64_t t0,
+        float scale, float softcap, float *s, const int nv) {
+    const float *kt = st->wide;
     const int64_t c0 = (a - t0) & ~(int64_t)(LANES - 1), c1 = b - t0;
     for (int i = 0; i < nr; i += WIDE_SR) {
         const float *qp[WIDE_SR];  /* past nr: the last row again, its results dropped */

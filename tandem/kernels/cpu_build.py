@@ -44,10 +44,9 @@ logger = logging.getLogger("tandem")
 
 MODES = ("auto", "c", "torch")
 HERE = Path(__file__).parent
-HEADERS = [HERE / "vec.h", HERE / "vmath.h", HERE / "kernels.h", HERE / "f16.h",
-           HERE / "kv_format.h", HERE / "attention_tile.h", HERE / "attention_pass.h",
-           HERE / "quant_format.h", HERE / "quant_r16_c.h", HERE / "decoder_scratch.h",
-           HERE / "quant_r16_vec.h"]
+# Every header, so that the library cache's key changes with any of them (a listed set missed
+# attention_wide.h and attention_wide16.h, and a changed header reused the old library).
+HEADERS = sorted(HERE.glob("*.h"))
 SOURCES = {HERE / "cpu_kernels.c": ["-ffp-contract=off"],
            HERE / "cpu_attention.c": ["-ffp-contract=fast"],
            HERE / "cpu_gemm.c": ["-ffp-contract=fast"],
