@@ -187,22 +187,23 @@ static void run_pass(const row_t *rows, const int64_t *index, int nr, const int 
 }
 
 /* Queries i0 .. i1 - 1 of one request (its first query at flat row q0, qlen queries, slen keys
- * at `slots`), every head, in passes of up to PASS_ROWS (query, head) rows: where one KV head's
- * rows (its query heads of every query) fit, a pass takes the rows of as many consecutive KV
- * heads as fit it; else one KV head's rows PASS_ROWS at a time. Rows go in (KV head, query,
- * head) order. chunk as in run_pass. */
+ * at `slots`), the heads of KV heads ga .. gb - 1, in passes of up to PASS_ROWS (query, head)
+ * rows: where one KV head's rows (its query heads of every query) fit, a pass takes the rows of
+ * as many consecutive KV heads as fit it; else one KV head's rows PASS_ROWS at a time. Rows go
+ * in (KV head, query, head) order. chunk as in run_pass. */
 static void attend_queries(const float *q, int64_t q_stride, const cache_t *cache0, float *out,
-                           int64_t q0, int64_t i0, int64_t i1, int64_t qlen, int64_t slen,
-                           int64_t h, int64_t d, float scale, int64_t window, float softcap,
-                           int64_t chunk, const parts_t *parts, pass_t *st) {
+                           int64_t q0, int64_t i0, int64_t i1, int64_t ga, int64_t gb,
+                           int64_t qlen, int64_t slen, int64_t h, int64_t d, float scale,
+                           int64_t window, float softcap, int64_t chunk, const parts_t *parts,
+                           pass_t *st) {
     const int64_t hkv = cache0->hkv, rep = h / hkv, per_head = (i1 - i0) * rep;
     const int nv = (int)(d / LANES);
     const int64_t span = per_head <= PASS_ROWS ? PASS_ROWS / per_head : 1;
     row_t rows[PASS_ROWS];
     int64_t index[PASS_ROWS];  /* each row's (query, head) number within the item */
     int gs[PASS_ROWS + 1];
-    for (int64_t g0 = 0; g0 < hkv; g0 += span) {
-        const int64_t g1 = g0 + span < hkv ? g0 + span : hkv;
+    for (int64_t g0 = ga; g0 < gb; g0 += span) {
+        const int64_t g1 = g0 + span < gb ? g0 + span : gb;
         cache_t c = *cache0;
         c.g = g0;
         int nr = 0, ng = 0;

@@ -52,7 +52,13 @@
 
 typedef struct {
     int64_t r, i0, i1, chunk;  /* request, its queries i0 .. i1 - 1, one key chunk (or -1: all) */
+    int64_t g0, g1;            /* its KV heads g0 .. g1 - 1 */
 } item_t;
+
+/* Where a step has fewer work items than this per thread, each is cut by KV heads too: a
+ * verification or a decode of one request at a depth within a chunk or two (a single item, or a
+ * full chunk beside a short one) would otherwise leave threads idle. */
+#define ITEMS_PER_THREAD 4
 
 /* A scratch of at least `bytes`, 64-byte aligned, kept by the calling thread from one call to
  * the next (the passes' state is a few hundred KB: allocated afresh, it would be mapped and
@@ -78,7 +84,8 @@ static void *scratch(int which, size_t bytes) {
  * key chunks; where that leaves threads idle (a few long requests: decoding at depth), a
  * request of at most QUERY_CHUNK queries runs one item per key chunk instead (flash-decoding),
  * and its chunks' partials are folded afterwards in chunk order: the same folds, in the same
- * order, as one item would do, so the same bits. */
+ * order, as one item would do, so the same bits. Still fewer than ITEMS_PER_THREAD items a
+ * thread: each is cut by KV heads too. */
 int tandem_paged_attention(const float *q, int64_t q_stride, const void *k_cache,
                            const void *v_cache, float *out, const int64_t *req,
                            const int64_t *kv_slots, int64_t num_reqs, int64_t lmax, int64_t h,
@@ -116,14 +123,35 @@ int tandem_paged_attention(const float *q, int64_t q_stride, const void *k_cache
         part_at[r] = split_rows;
         if (spread && qlen > 0 && qlen <= QUERY_CHUNK && chunks > 1) {
             for (int64_t ck = 0; ck < chunks; ck++)  /* a chunk without a row's keys: m = -inf */
-                items[n++] = (item_t){r, 0, qlen, ck};
+                items[n++] = (item_t){r, 0, qlen, ck, 0, hkv};
             split_rows += qlen * h * chunks;
         } else {
             for (int64_t i0 = 0; i0 < qlen; i0 += qc)
-                items[n++] = (item_t){r, i0, i0 + qc < qlen ? i0 + qc : qlen, -1};
+                items[n++] = (item_t){r, i0, i0 + qc < qlen ? i0 + qc : qlen, -1, 0, hkv};
         }
     }
     part_at[num_reqs] = split_rows;
+    /* Too few items for the threads: each becomes `pieces` items of consecutive KV heads (in
+     * place, from the last, so the order stays item by item, then head by head). A row is
+     * still computed whole by one thread, so its bits do not change. */
+    const int64_t pieces = nt > 1 && n < ITEMS_PER_THREAD * nt
+        ? ((ITEMS_PER_THREAD * nt + n - 1) / n < hkv ? (ITEMS_PER_THREAD * nt + n - 1) / n : hkv)
+        : 1;
+    if (pieces > 1) {
+        item_t *more = realloc(items, sizeof(item_t) * (size_t)(n * pieces));
+        if (!more) {
+            free(items), free(part_at);
+            return -1;
+        }
+        items = more;
+        for (int64_t it = n - 1; it >= 0; it--)
+            for (int64_t p = pieces - 1; p >= 0; p--) {
+                items[it * pieces + p] = items[it];
+                items[it * pieces + p].g0 = hkv * p / pieces;
+                items[it * pieces + p].g1 = hkv * (p + 1) / pieces;
+            }
+        n *= pieces;
+    }
     /* one pass state per thread: its value sums and the running sums */
     const size_t pass_bytes = (sizeof(pass_t) + sizeof(vf) * (3 * PASS_ROWS + KEY_TILE)
                                * (size_t)nv + 63) / 64 * 64;
@@ -158,8 +186,8 @@ int tandem_paged_attention(const float *q, int64_t q_stride, const void *k_cache
         const parts_t parts = {pm + at, pm + split_rows + at, pa + at * nv, chunks};
         cache_t c = cache;
         c.slots = kv_slots + w.r * lmax;
-        attend_queries(q, q_stride, &c, out, req[3 * w.r], w.i0, w.i1, qlen, slen, h, d, scale,
-                       window, softcap, w.chunk, &parts, st);
+        attend_queries(q, q_stride, &c, out, req[3 * w.r], w.i0, w.i1, w.g0, w.g1, qlen, slen,
+                       h, d, scale, window, softcap, w.chunk, &parts, st);
     }
     /* The split requests' rows: their chunks' partials folded in chunk order. */
 #pragma omp parallel for num_threads(nt) schedule(static) if (parallel && split_rows > 0)
