@@ -112,7 +112,7 @@ class Drafting:
                              for s in sched.scheduled)
         if self._decoding:
             self.adaptive.observe_target(sum(s.num_new_tokens for s in sched.scheduled),
-                                         seconds)
+                                         seconds, len(sched.scheduled))
 
     def observe_acceptance(self, num_drafted: int, num_accepted: int, streak: bool = False
                            ) -> None:

@@ -8,12 +8,13 @@ accepted given that the positions before it were, a step with k drafts yields pe
 
 and costs, for a batch of B sequences,
 
-    C(k) = T_target(B * (k + 1) tokens) + [k > 0] * (k passes of the draft at batch B)
+    C(k) = T_target(B * (k + 1) tokens at batch B) + [k > 0] * (k passes of the draft at batch B)
 
 so the choice is argmax_k B * E(k) / C(k); k = 0 skips the draft altogether (it catches up over
 the skipped tokens in one pass when drafting resumes). The target's cost is a line in the number
 of tokens it verifies, fitted to the times of decode and verify steps only (a prefill's many
-tokens cost per token what a few do not, and tilted the line towards shorter drafts), and each
+tokens cost per token what a few do not, and tilted the line towards shorter drafts), its slope
+what a token costs within a batch and its intercept the batch's own (cost_curve.py), and each
 size it has timed leans on its own mean (costs bend where streaming the weights stops being the
 bottleneck); the draft's cost per pass is measured the same way against the batch size.
 
@@ -163,9 +164,10 @@ class AdaptiveK:
         return [(max(0.0, c) + self.prior_weight * 0.5) / (max(0.0, o) + self.prior_weight)
                 for c, o in pairs]
 
-    def observe_target(self, num_tokens: int, seconds: float) -> None:
-        """A decode/verify step's forward pass (no prefill in it) over `num_tokens` tokens."""
-        self.target.observe(num_tokens, seconds)
+    def observe_target(self, num_tokens: int, seconds: float, batch: int = 0) -> None:
+        """A decode/verify step's forward pass (no prefill in it) over `num_tokens` tokens of
+        `batch` sequences (0: not told)."""
+        self.target.observe(num_tokens, seconds, batch)
 
     def observe_draft(self, batch_size: int, passes: int, seconds: float) -> None:
         if passes > 0:
@@ -209,13 +211,13 @@ class AdaptiveK:
     def costs(self, batch_size: int) -> list[float]:
         """C(k) for k = 0..K at this batch size: one target line and one draft cost for all.
         A lookup's verify pass holds only the drafts it found: B (1 + sum of coverage) tokens."""
-        line = self.target.fit(batch_size, batch_size * (self.k_max + 1))
+        line = self.target.fit(batch_size, batch_size * (self.k_max + 1), batch_size)
         draft = 0.0 if self.lookup else self.draft(batch_size)
         sizes, size = [batch_size], float(batch_size)
         for c in self.coverage():
             size += batch_size * c
             sizes.append(max(batch_size, round(size)))
-        return [self.target.at(n, line) + k * draft for k, n in enumerate(sizes)]
+        return [self.target.at(n, line, batch_size) + k * draft for k, n in enumerate(sizes)]
 
     # ---- the choice ------------------------------------------------------------------------
 
@@ -260,14 +262,14 @@ class AdaptiveK:
             gains.append([n * g for g in self._tokens_by_k(drawn, cover)] if n else [0.0])
             found = list(accumulate(cover, initial=0.0))
             drafts.append([n * f for f in found] if n else [0.0])
-        line = self.target.fit(batch, batch * (self.k_max + 1))
+        line = self.target.fit(batch, batch * (self.k_max + 1), batch)
         priced: dict[int, float] = {}
         best, pair = -1.0, (0, 0)
         for k0, (g0, d0) in enumerate(zip(gains[0], drafts[0])):
             for k1, (g1, d1) in enumerate(zip(gains[1], drafts[1])):
                 size = max(batch, round(batch + d0 + d1))
                 if size not in priced:
-                    priced[size] = self.target.at(size, line)
+                    priced[size] = self.target.at(size, line, batch)
                 rate = (g0 + g1) / priced[size]
                 if rate > best:
                     best, pair = rate, (k0, k1)

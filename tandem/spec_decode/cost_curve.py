@@ -3,7 +3,8 @@ a forward (tokens in a target pass, or a draft pass's batch), from recent timing
 
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter, deque
+from typing import Iterable, Optional
 
 
 class CostCurve:
@@ -29,55 +30,129 @@ class CostCurve:
     line through them made 4 tokens look 13% dearer and 6 tokens 5% cheaper than they were
     (simulated, 65 steps: 0.93x the best fixed k instead of 0.96x). The mean alone would let
     one slow step price its size out for good; shrunk, a size seen once still leans on the
-    line."""
+    line.
 
-    def __init__(self, window: int = 5, max_sizes: int = 64, prior_weight: float = 1.0
+    Why by batch (`batch`: the sequences in the step; 0 where it is not told). A step's cost is
+    not a function of its tokens alone: each sequence's attention reads its whole context, so
+    16 requests at a depth of 700 took 18 ms for their 16 tokens where the load-time
+    calibration (one sequence, a short text) took 5.5 ms for 16 and 0.4 ms a token more. One
+    line through both made each verified token cost 1.6 ms at that batch, and adaptive k never
+    drafted there (a lookup that gives 1.36x plain at fixed k: 0.96-1.05x). So the slope is
+    the cost of a token within a batch (each batch's times taken about their own mean, then
+    pooled: what verifying one more token costs), and the intercept is the priced batch's own
+    (the times of the nearest batch size seen, less the slope's part): a batch pays its
+    context once, whatever its drafts."""
+
+    def __init__(self, window: int = 5, max_sizes: int = 128, prior_weight: float = 1.0
                  ) -> None:
         self.window = window
         self.max_sizes = max_sizes
         self.prior_weight = prior_weight
-        self.sizes: dict[int, deque[float]] = {}  # size -> its last `window` times (s)
+        # (batch, size) -> its last `window` times (s)
+        self.groups: dict[tuple[int, int], deque[float]] = {}
+        self.batches: Counter[int] = Counter()  # batch -> its groups
 
-    def observe(self, size: int, seconds: float) -> None:
-        self.sizes.setdefault(size, deque(maxlen=self.window)).append(seconds)
-        if len(self.sizes) > self.max_sizes:  # forget the size with the least evidence
-            del self.sizes[min((s for s in self.sizes if s != size),
-                               key=lambda s: len(self.sizes[s]))]
+    def observe(self, size: int, seconds: float, batch: int = 0) -> None:
+        key = (batch, size)
+        if key not in self.groups:
+            self.groups[key] = deque(maxlen=self.window)
+            self.batches[batch] += 1
+        self.groups[key].append(seconds)
+        if len(self.groups) > self.max_sizes:  # forget the group with the least evidence
+            gone = min((g for g in self.groups if g != key), key=lambda g: len(self.groups[g]))
+            del self.groups[gone]
+            self.batches[gone[0]] -= 1
+            if not self.batches[gone[0]]:
+                del self.batches[gone[0]]
 
-    def _mean(self, size: int) -> tuple[float, float]:
-        """(sum, count) of `size`'s recent times within twice the least of them."""
-        times = self.sizes.get(size, ())
+    @property
+    def sizes(self) -> dict[int, list[float]]:
+        """Each size timed, with its times (of every batch)."""
+        out: dict[int, list[float]] = {}
+        for (_, size), times in sorted(self.groups.items(), key=lambda kv: kv[0][1]):
+            out.setdefault(size, []).extend(times)
+        return out
+
+    @staticmethod
+    def _kept(times: Iterable[float]) -> tuple[float, float]:
+        """(sum, count) of `times` within twice the least of them."""
+        times = list(times)
         if not times:
             return 0.0, 0.0
         kept = [t for t in times if t <= 2 * min(times)]
         return sum(kept), float(len(kept))
 
+    def _means(self, batch: Optional[int]) -> dict[tuple[int, int], tuple[float, float]]:
+        """(sum, count) per group; batch None: the groups of a size taken as one (batch 0)."""
+        if batch is not None:
+            return {g: self._kept(t) for g, t in self.groups.items()}
+        return {(0, size): self._kept(t) for size, t in self.sizes.items()}
+
+    def _anchor(self, batch: int) -> int:
+        """The batch size whose times give the intercept: `batch`, else the nearest timed."""
+        if batch in self.batches:
+            return batch
+        return min(self.batches, key=lambda b: (abs(b - batch), -b))
+
     @property
     def ready(self) -> bool:
-        return bool(self.sizes)
+        return bool(self.groups)
 
-    def fit(self, lo: float, hi: float) -> tuple[float, float]:
-        """(a, b): seconds ~ a + b * size around [lo, hi]."""
-        near = [s for s in self.sizes if lo / 2 <= s <= 2 * hi]
-        used = near if len(near) >= 2 else list(self.sizes)
-        sums = [self._mean(s) for s in used]
-        w = [count for _, count in sums]
-        y = [total / count for total, count in sums]
+    def fit(self, lo: float, hi: float, batch: Optional[int] = None) -> tuple[float, float]:
+        """(a, b): seconds ~ a + b * size around [lo, hi], for a step of `batch` sequences (None:
+        every batch's times as one)."""
+        means = self._means(batch)
+        near = [g for g in means if lo / 2 <= g[1] <= 2 * hi]
+        used = near if len({g[1] for g in near}) >= 2 else list(means)
+        # Each batch's times about its own mean (x: the size, y: the mean time), then pooled.
+        by_batch: dict[int, list[tuple[float, float, float]]] = {}
+        for g in used:
+            total, count = means[g]
+            by_batch.setdefault(g[0], []).append((count, float(g[1]), total / count))
+        cov = var = 0.0
+        centre: dict[int, tuple[float, float]] = {}
+        for b, rows in by_batch.items():
+            n = sum(w for w, _, _ in rows)
+            mx, my = sum(w * x for w, x, _ in rows) / n, sum(w * y for w, _, y in rows) / n
+            centre[b] = (mx, my)
+            cov += sum(w * (x - mx) * (y - my) for w, x, y in rows)
+            var += sum(w * (x - mx) ** 2 for w, x, _ in rows)
+        if batch is None or var <= 1e-12 * max(1.0, max(x * x for x, _ in centre.values())):
+            # every batch's times as one (asked for, or no batch timed at two sizes)
+            return self._fit_pooled([means[g] + (g[1],) for g in used])
+        slope = max(0.0, cov / var)
+        anchor = self._anchor(batch)
+        own = [g for g in means if g[0] == anchor]
+        own = [g for g in own if g in used] or own
+        w = sum(means[g][1] for g in own)
+        a = sum(means[g][0] - means[g][1] * slope * g[1] for g in own) / w
+        return max(0.0, a), slope
+
+    @staticmethod
+    def _fit_pooled(rows: list[tuple[float, float, int]]) -> tuple[float, float]:
+        """A least-squares line through (total, count, size) means, each weighted by count."""
+        w = [count for _, count, _ in rows]
+        x = [float(size) for _, _, size in rows]
+        y = [total / count for total, count, _ in rows]
         n = sum(w)
-        mean_x = sum(wi * x for wi, x in zip(w, used)) / n
+        mean_x = sum(wi * xi for wi, xi in zip(w, x)) / n
         mean_y = sum(wi * yi for wi, yi in zip(w, y)) / n
-        var = sum(wi * (x - mean_x) ** 2 for wi, x in zip(w, used))
+        var = sum(wi * (xi - mean_x) ** 2 for wi, xi in zip(w, x))
         if var <= 1e-12 * max(1.0, mean_x * mean_x):  # one size seen: proportional
             return 0.0, mean_y / mean_x
-        slope = max(0.0, sum(wi * (x - mean_x) * (yi - mean_y)
-                             for wi, x, yi in zip(w, used, y)) / var)
+        slope = max(0.0, sum(wi * (xi - mean_x) * (yi - mean_y)
+                             for wi, xi, yi in zip(w, x, y)) / var)
         return max(0.0, mean_y - slope * mean_x), slope
 
-    def at(self, size: int, line: tuple[float, float]) -> float:
-        """The cost of `size`: its mean, shrunk towards `line` (a, b) from `fit`."""
-        total, weight = self._mean(size)
+    def at(self, size: int, line: tuple[float, float], batch: Optional[int] = None) -> float:
+        """The cost of `size` (in a step of `batch` sequences, as `line` was fitted): its mean,
+        shrunk towards `line` (a, b) from `fit`."""
+        if batch is None:
+            total, weight = self._kept(self.sizes.get(size, ()))
+        else:
+            total, weight = self._kept(self.groups.get((self._anchor(batch), size), ()))
         prior = max(1e-6, line[0] + line[1] * size)
         return (total + self.prior_weight * prior) / (weight + self.prior_weight)
 
-    def __call__(self, size: int) -> float:
-        return self.at(size, self.fit(size, size))
+    def __call__(self, size: int, batch: Optional[int] = None) -> float:
+        return self.at(size, self.fit(size, size, batch), batch)

@@ -357,3 +357,30 @@ def test_coverage_is_also_kept_per_request_state() -> None:
     ad.hits, ad.misses = [1e5] * 4, [0.0] * 4  # whatever is found is accepted
     ad.streak_hits, ad.streak_misses = [1e5] * 4, [0.0] * 4
     assert ad.choose_lookup(1, 1)[1] == 4  # 4 drafts for 4 ms more: 5 tokens, not 1
+
+
+def test_a_batch_pays_its_context_once_whatever_its_drafts() -> None:
+    """The times that trapped adaptive k at 16 streams (SmolLM2, AMD EPYC Zen 5): calibration
+    at batch 1 on a short text (2.6 ms + 0.4 ms a token), then plain steps of 16 requests at a
+    depth of 700 (18.3 ms: their attention reads every context). One line through both priced
+    each verified token at 1.6 ms, so no k paid and none was ever tried. By batch, a token
+    costs what it costs within a batch, and the batch of 16 pays its 18.3 ms once."""
+    ad = AdaptiveK(8, warmup_steps=0)
+    for _ in range(2):
+        for n in range(1, 10):
+            ad.observe_target(n, (2.2 + 0.4 * n) / 1000, batch=1)
+    for _ in range(5):
+        ad.observe_target(16, 0.0183, batch=16)
+    ad.observe_proposals(8, [8] * 16)
+    ad.covered, ad.offered = [1e3] * 8, [1e3] * 8  # every draft found, half accepted
+    ad.hits, ad.misses = [1e3] * 8, [1e3] * 8
+    line = ad.target.fit(16, 16 * 9, 16)
+    assert line[1] == pytest.approx(0.0004, rel=0.01)
+    assert ad.target.at(24, line, 16) == pytest.approx(0.0183 + 8 * 0.0004, rel=0.01)
+    assert ad.target.at(16, line, 16) == pytest.approx(0.0183, rel=0.01)
+    assert max(ad.choose_lookup(16, 0)) > 0
+    # The pooled line (the times of every batch as one, as before) prices the drafts out.
+    pooled = ad.target.fit(16, 16 * 9)
+    assert pooled[1] > 0.0012
+    # A batch never timed takes the nearest one's intercept: 15 requests are priced as 16.
+    assert ad.target.at(16, ad.target.fit(15, 15 * 9, 15), 15) == pytest.approx(0.0183, rel=0.01)
