@@ -35,12 +35,14 @@ class CostCurve:
     Why by batch (`batch`: the sequences in the step; 0 where it is not told). A step's cost is
     not a function of its tokens alone: each sequence's attention reads its whole context, so
     16 requests at a depth of 700 took 18 ms for their 16 tokens where the load-time
-    calibration (one sequence, a short text) took 5.5 ms for 16 and 0.4 ms a token more. One
-    line through both made each verified token cost 1.6 ms at that batch, and adaptive k never
-    drafted there (a lookup that gives 1.36x plain at fixed k: 0.96-1.05x). So the slope is
-    the cost of a token within a batch (each batch's times taken about their own mean, then
-    pooled: what verifying one more token costs), and the intercept is the priced batch's own
-    (the times of the nearest batch size seen, less the slope's part): a batch pays its
+    calibration (one sequence, a short text) took 2.6-5.8 ms for 1-9 tokens, 0.4 ms a token
+    more. One line through both made each verified token cost 1.6 ms at that batch, and
+    adaptive k never drafted there (a lookup that gives 1.36x plain at fixed k: 0.96-1.05x). So
+    the slope is the cost of a token within a batch (each batch's times at every size it was
+    timed at, about their own mean, then pooled: what verifying one more token costs; the
+    window of sizes near [lo, hi] left a batch of 16 two calibration sizes, 8 and 9, whose
+    noise made a token 1.8 ms for 0.7), and the intercept is the priced batch's own (its times
+    near [lo, hi], or the nearest batch size timed, less the slope's part): a batch pays its
     context once, whatever its drafts."""
 
     def __init__(self, window: int = 5, max_sizes: int = 128, prior_weight: float = 1.0
@@ -104,9 +106,12 @@ class CostCurve:
         means = self._means(batch)
         near = [g for g in means if lo / 2 <= g[1] <= 2 * hi]
         used = near if len({g[1] for g in near}) >= 2 else list(means)
-        # Each batch's times about its own mean (x: the size, y: the mean time), then pooled.
+        if batch is None:
+            return self._fit_pooled([means[g] + (g[1],) for g in used])
+        # Each batch's times about its own mean (x: the size, y: the mean time), every size of
+        # each, then pooled.
         by_batch: dict[int, list[tuple[float, float, float]]] = {}
-        for g in used:
+        for g in means:
             total, count = means[g]
             by_batch.setdefault(g[0], []).append((count, float(g[1]), total / count))
         cov = var = 0.0
@@ -117,8 +122,8 @@ class CostCurve:
             centre[b] = (mx, my)
             cov += sum(w * (x - mx) * (y - my) for w, x, y in rows)
             var += sum(w * (x - mx) ** 2 for w, x, _ in rows)
-        if batch is None or var <= 1e-12 * max(1.0, max(x * x for x, _ in centre.values())):
-            # every batch's times as one (asked for, or no batch timed at two sizes)
+        if var <= 1e-12 * max(1.0, max(x * x for x, _ in centre.values())):
+            # no batch timed at two sizes: every batch's times as one
             return self._fit_pooled([means[g] + (g[1],) for g in used])
         slope = max(0.0, cov / var)
         anchor = self._anchor(batch)

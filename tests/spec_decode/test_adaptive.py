@@ -384,3 +384,26 @@ def test_a_batch_pays_its_context_once_whatever_its_drafts() -> None:
     assert pooled[1] > 0.0012
     # A batch never timed takes the nearest one's intercept: 15 requests are priced as 16.
     assert ad.target.at(16, ad.target.fit(15, 15 * 9, 15), 15) == pytest.approx(0.0183, rel=0.01)
+
+
+
+def test_a_batch_takes_its_slope_from_every_size_a_batch_was_timed_at() -> None:
+    """Gemma 3 at 16 streams, the live times: the calibration's (batch 1, 1..9 tokens, about
+    0.7 ms a token) and plain steps of 16 requests (22.3 ms). The sizes near 16..144 among the
+    calibration's are 8 and 9 alone, whose noisy means (10.55 and 12.35 ms) made a token cost
+    1.8 ms, and every step chose k = 0. The slope comes from every size of each batch."""
+    calibration = {1: 6.3, 2: 6.75, 3: 7.35, 4: 7.5, 5: 8.0, 6: 8.55, 7: 9.65, 8: 10.55, 9: 12.35}
+    ad = AdaptiveK(8, warmup_steps=0)
+    for _ in range(2):
+        for n, ms in calibration.items():
+            ad.observe_target(n, ms / 1000, batch=1)
+    for _ in range(5):
+        ad.observe_target(16, 0.0223, batch=16)
+    slope = ad.target.fit(16, 16 * 9, 16)[1]
+    assert 0.0006 < slope < 0.0008
+    near = {n: ms for n, ms in calibration.items() if n >= 8}
+    assert (near[9] - near[8]) / 1000 > 2 * slope  # what the sizes near 16..144 alone said
+    ad.observe_proposals(8, [8] * 16)
+    ad.covered, ad.offered = [1e3] * 8, [1e3] * 8  # every draft found
+    ad.hits, ad.misses = [900.0] * 8, [100.0] * 8  # and accepted at 0.9
+    assert sum(max(ad.choose_lookup(16, 0)) > 0 for _ in range(20)) == 20
