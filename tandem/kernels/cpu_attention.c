@@ -134,9 +134,8 @@ int tandem_paged_attention(const float *q, int64_t q_stride, const void *k_cache
     /* Too few items for the threads: each becomes `pieces` items of consecutive KV heads (in
      * place, from the last, so the order stays item by item, then head by head). A row is
      * still computed whole by one thread, so its bits do not change. */
-    const int64_t pieces = nt > 1 && n < ITEMS_PER_THREAD * nt
-        ? ((ITEMS_PER_THREAD * nt + n - 1) / n < hkv ? (ITEMS_PER_THREAD * nt + n - 1) / n : hkv)
-        : 1;
+    const int64_t want = n > 0 ? (ITEMS_PER_THREAD * nt + n - 1) / n : 1;
+    const int64_t pieces = nt > 1 && n < ITEMS_PER_THREAD * nt ? (want < hkv ? want : hkv) : 1;
     if (pieces > 1) {
         item_t *more = realloc(items, sizeof(item_t) * (size_t)(n * pieces));
         if (!more) {

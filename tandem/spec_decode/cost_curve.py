@@ -45,10 +45,10 @@ class CostCurve:
     near [lo, hi], or the nearest batch size timed, less the slope's part): a batch pays its
     context once, whatever its drafts."""
 
-    def __init__(self, window: int = 5, max_sizes: int = 128, prior_weight: float = 1.0
+    def __init__(self, window: int = 5, max_groups: int = 128, prior_weight: float = 1.0
                  ) -> None:
         self.window = window
-        self.max_sizes = max_sizes
+        self.max_groups = max_groups
         self.prior_weight = prior_weight
         # (batch, size) -> its last `window` times (s)
         self.groups: dict[tuple[int, int], deque[float]] = {}
@@ -60,7 +60,7 @@ class CostCurve:
             self.groups[key] = deque(maxlen=self.window)
             self.batches[batch] += 1
         self.groups[key].append(seconds)
-        if len(self.groups) > self.max_sizes:  # forget the group with the least evidence
+        if len(self.groups) > self.max_groups:  # forget the group with the least evidence
             gone = min((g for g in self.groups if g != key), key=lambda g: len(self.groups[g]))
             del self.groups[gone]
             self.batches[gone[0]] -= 1
@@ -114,15 +114,14 @@ class CostCurve:
         for g in means:
             total, count = means[g]
             by_batch.setdefault(g[0], []).append((count, float(g[1]), total / count))
-        cov = var = 0.0
-        centre: dict[int, tuple[float, float]] = {}
-        for b, rows in by_batch.items():
+        cov = var = scale = 0.0
+        for rows in by_batch.values():
             n = sum(w for w, _, _ in rows)
             mx, my = sum(w * x for w, x, _ in rows) / n, sum(w * y for w, _, y in rows) / n
-            centre[b] = (mx, my)
             cov += sum(w * (x - mx) * (y - my) for w, x, y in rows)
             var += sum(w * (x - mx) ** 2 for w, x, _ in rows)
-        if var <= 1e-12 * max(1.0, max(x * x for x, _ in centre.values())):
+            scale = max(scale, mx * mx)
+        if var <= 1e-12 * max(1.0, scale):
             # no batch timed at two sizes: every batch's times as one
             return self._fit_pooled([means[g] + (g[1],) for g in used])
         slope = max(0.0, cov / var)

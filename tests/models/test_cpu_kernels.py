@@ -162,6 +162,21 @@ def test_attention_threads_split_requests_without_changing_bits(fused):
     assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
 
 
+def test_attention_of_requests_without_queries_reads_nothing_on_any_threads(fused):
+    """A step whose requests have no queries has no work items; on more than one thread the
+    cut by KV heads once divided by their number (SIGFPE)."""
+    k_cache = torch.randn(64, 2, 64)
+    meta = build_attention_metadata([0, 0], [10, 20], [[1, 2], [3]], 16, torch.device("cpu"))
+    threads = torch.get_num_threads()
+    try:
+        for t in (1, 2, 5):
+            torch.set_num_threads(t)
+            assert cpu_kernels.paged_attention(torch.empty(0, 4, 64), k_cache, k_cache,
+                                               torch.empty(0, 4, 64), meta.requests,
+                                               meta.kv_slots, 0.125, None)
+    finally:
+        torch.set_num_threads(threads)
+
 def test_norm_rows_do_not_depend_on_the_batch(fused):
     torch.manual_seed(0)
     x, w = torch.randn(33, 576), torch.randn(576)
