@@ -61,7 +61,7 @@ def main() -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     logging.getLogger("tandem").setLevel(logging.WARNING)
     from tandem import LLM, SamplingParams
-    llm = LLM(model_path(args.model), max_model_len=4096, enable_prefix_caching=False,
+    llm = LLM(model_path(args.model, args), max_model_len=4096, enable_prefix_caching=False,
               speculative_config={"method": "ngram", "num_speculative_tokens": 16,
                                   "prompt_lookup_min": 2, "prompt_lookup_max": 5})
     llm.llm_engine.drafting.set_policy(0)  # plain decoding: the outputs are greedy's
