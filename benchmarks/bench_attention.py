@@ -37,8 +37,11 @@ from tandem.kernels import cpu as cpu_kernels  # noqa: E402
 
 
 def library(repo: Path) -> ctypes.CDLL:
-    """The kernel library of checkout `repo`, built (or found in the cache) by its own code."""
-    code = (f"import sys; sys.path.insert(0, {str(repo)!r}); "
+    """The kernel library of checkout `repo`, built (or found in the cache) by its own code,
+    with OpenMP as the engine builds it: torch is imported first, since the build links OpenMP
+    only into a process that has torch's libgomp loaded (without it, a serial library, and
+    --threads would change nothing)."""
+    code = (f"import sys, torch; sys.path.insert(0, {str(repo)!r}); "
             "from tandem.kernels.cpu_build import build_library; print(build_library())")
     out = subprocess.run([sys.executable, "-P", "-c", code], capture_output=True, text=True,
                          check=True)
