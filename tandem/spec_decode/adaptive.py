@@ -257,11 +257,14 @@ class AdaptiveK:
         # without requests takes k = 0 alone.
         gains, drafts = [], []
         for state, n in ((False, plain), (True, streak)):
+            if not n:  # nothing to draw for (a draw per position is most of a choice's time)
+                gains.append([0.0])
+                drafts.append([0.0])
+                continue
             cover = self.coverage(state)
             drawn = [self.rng.betavariate(a, b) for a, b in self._posteriors(state)]
-            gains.append([n * g for g in self._tokens_by_k(drawn, cover)] if n else [0.0])
-            found = list(accumulate(cover, initial=0.0))
-            drafts.append([n * f for f in found] if n else [0.0])
+            gains.append([n * g for g in self._tokens_by_k(drawn, cover)])
+            drafts.append([n * f for f in accumulate(cover, initial=0.0)])
         line = self.target.fit(batch, batch * (self.k_max + 1), batch)
         priced: dict[int, float] = {}
         best, pair = -1.0, (0, 0)

@@ -121,6 +121,26 @@ def test_a_preempted_step_does_not_price_its_size_out_but_a_slower_machine_does(
     assert curve.at(1, curve.fit(1, 3)) > 0.0007
 
 
+def test_a_batch_s_fit_and_prices_follow_every_time_its_window_keeps_and_drops() -> None:
+    # The curve keeps each group's sums as it observes (the fit of every step read them all
+    # anew); they must follow the window's oldest time leaving and a group being forgotten.
+    from tandem.spec_decode.cost_curve import CostCurve
+    curve, fresh = CostCurve(window=3, max_groups=4), None
+    times = [(1, 0.004), (9, 0.009), (1, 0.0041), (5, 0.006), (1, 0.0035), (1, 0.0036),
+             (9, 0.0095), (13, 0.012), (17, 0.0125), (5, 0.0061)]
+    for size, seconds in times:
+        curve.observe(size, seconds, batch=1)
+        fresh = CostCurve(window=3, max_groups=4)  # the same groups and times, observed at once
+        for key, kept in curve.groups.items():
+            for t in kept:
+                fresh.observe(key[1], t, batch=key[0])
+        assert curve.fit(1, 9, 1) == fresh.fit(1, 9, 1)
+        line = curve.fit(1, 9, 1)
+        assert [curve.at(n, line, 1) for n in (1, 5, 9, 13)] == \
+            [fresh.at(n, line, 1) for n in (1, 5, 9, 13)]
+    assert len(curve.groups) == 4 and (1, 1) in curve.groups  # one group was forgotten
+    assert curve.at(1, (0.0, 0.0), 1) == pytest.approx((0.0041 + 0.0035 + 0.0036 + 1e-6) / 4)
+
 # A verify pass over n tokens (relative to one). On a line: the Xeon's 1 + 0.07 per draft. Bent:
 # the synthetic pair on an AMD EPYC (2 cores), flat while the weights stream, then rising.
 _LINE = {n: 1 + 0.07 * (n - 1) for n in range(1, 7)}
