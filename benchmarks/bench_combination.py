@@ -1,4 +1,4 @@
-"""A draft model with a lookup first (`draft+suffix`, `draft+ngram`) against each alone, paired
+"""A draft model with a lookup beside it (`draft+suffix`, `draft+ngram`) against each alone, paired
 request by request on a mixed workload.
 
 `bench_model_free.py --mixed` times each method in an engine of its own, one method after

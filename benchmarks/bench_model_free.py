@@ -7,7 +7,7 @@ is the median over rounds, of the decode rate (after each request's first token:
 changes) and of the rate end to end (prefills included). Workloads: the repetition-heavy
 prompts of `benchmarks/workloads/` (one stream, and all 16 at once), and the free-text prompts
 of ../shared/data/prompts.jsonl (one stream); with `--mixed`, the two in turn, one stream, for
-the combination (`draft+suffix`, `draft+ngram`: the draft model with lookups first, against
+the combination (`draft+suffix`, `draft+ngram`: the draft model with a lookup beside it, against
 `draft` and the lookup alone). The draft model: SmolLM2 for Gemma 3 (another tokenizer: TLI),
 and for `synthetic` (`synthetic_pair.py`'s target, SmolLM2 plus `--extra` perturbing float32
 layers, a synthetic pair with a draft that pays on its own; its repetitive prompts are
@@ -54,7 +54,7 @@ DRAFTS = {"gemma3": {"model": SMOLLM2, "use_heterogeneous_vocab": True},
 
 def method_config(model: str, method: str, draft_k: int = 8) -> dict[str, Any]:
     """The speculative config of `method` on `model`: a lookup alone, the model's draft model
-    alone, or the draft model with a lookup first (`draft+ngram`, `draft+suffix`), with
+    alone, or the draft model with a lookup beside it (`draft+ngram`, `draft+suffix`), with
     `draft_k` as num_speculative_tokens (the lookup's too, beside a draft model)."""
     if method == "ngram":
         return dict(NGRAM)

@@ -1,28 +1,27 @@
-"""A lookup beside a draft model (`"lookup_method": "ngram" | "suffix"` with a draft model): each
-step a request whose lookup finds a match verifies the lookup's proposal, and the others the
-draft model's, in one verification step.
+"""A lookup beside a draft model (`"lookup_method": "ngram" | "suffix"` with a draft model).
 
-Why this order: a lookup costs next to nothing and, where the text repeats, proposes runs the
-draft model rarely matches (a copied passage, a regenerated JSON object); where nothing
-repeats it proposes nothing and the draft model, which knows the language, drafts as ever.
+With a draft of the target's vocabulary, the lookup is the draft model's lookahead
+(lookahead.py): the tokens it expects are fed after the context in the draft's catch-up pass,
+and while the draft's own tokens equal them, each next draft is read from a row already
+computed instead of a pass of its own. Every draft, and its q, is the draft model's: the
+lookup spares passes where the text repeats and never displaces a draft on free text.
+Request by request against each method alone (benchmarks/bench_combination.py, the synthetic
+pair, AMD EPYC family 26 model 2, three runs of two rounds): 2.50-2.68x plain against
+2.26-2.52x for the draft model alone and 2.24-2.43x for the suffix lookup alone; the way before
+it (below) gave 2.42-2.44x.
 
-The draft model lets a request alone while its lookup matches, and catches up over what it
-missed in one pass when the lookup stops (`DraftProposer`'s catch-up, then its k - 1 steps, in
-the same round). Catching up every step instead, over the few tokens each verify accepted, cost
-about as much as the draft's own drafting (Gemma 3 drafted by SmolLM2, mixed workload, Intel
-Xeon 6/167: 2.39x plain against 2.94x lazily, measured while the benchmark left the suffix tree
-full between rounds beside a draft model, so both are high and only their order is a finding).
-Against each method alone, request by request (benchmarks/bench_combination.py,
-docs/speculation.md), the combination is below the better of the two on each kind of text:
-the lookup's matches displace the draft's better runs on free text, and on repeated text its
-proposals are capped by the draft's k. Neither a choice per request by acceptance nor the
-lookup's own controller (its k per request state, up to 16) lifted the repeated half
-(benchmarks/LOG.md): each miss hands the request to a draft that costs k passes and a catch-up.
+With a draft of another vocabulary (TLI), whose tokens are not the lookup's, each step a
+request whose lookup finds a match verifies the lookup's proposal, and the others the draft
+model's, in one verification step; the draft model lets a request alone while its lookup
+matches, and catches up over what it missed in one pass when the lookup stops
+(`DraftProposer`'s catch-up, then its k - 1 steps, in the same round). That way the lookup's
+matches displace the draft's better runs on free text (docs/speculation.md).
 """
 
 from __future__ import annotations
 
 from tandem.core.request import Request
+from tandem.spec_decode.draft_inputs import SharedVocabDraft
 from tandem.spec_decode.model_free import ModelFreeProposer
 from tandem.spec_decode.proposer import DraftProposer
 
@@ -31,6 +30,8 @@ class CombinedProposer:
     def __init__(self, lookup: ModelFreeProposer, draft: DraftProposer) -> None:
         self.lookup = lookup
         self.draft = draft
+        # the lookup as the draft's lookahead, where they share a vocabulary
+        self.lookahead = isinstance(draft.inputs, SharedVocabDraft)
 
     @property
     def k(self) -> int:
@@ -49,11 +50,20 @@ class CombinedProposer:
         self.lookup.learn = value
 
     def propose(self, reqs: list[Request]) -> int:
-        """The lookup first; the draft model drafts for the requests it left without drafts.
-        Returns the positions the two proposed or computed."""
-        found = self.lookup.propose(reqs)
-        rest = [r for r in reqs if not r.spec_token_ids]
-        return found + (self.draft.propose(rest) if rest else 0)
+        """The lookup first: as the draft model's lookahead for every request (a shared
+        vocabulary), or as the proposal of the requests it matches, the draft model drafting
+        for the others (TLI). Returns the positions the two proposed or computed."""
+        if not self.lookahead:
+            found = self.lookup.propose(reqs)
+            rest = [r for r in reqs if not r.spec_token_ids]
+            return found + (self.draft.propose(rest) if rest else 0)
+        pending = {r.request_id for r in reqs if r.spec_token_ids}  # drafts still to verify
+        self.lookup.propose(reqs)
+        hints: dict[str, list[int]] = {}
+        for r in reqs:
+            if r.spec_token_ids and r.request_id not in pending:
+                hints[r.request_id], r.spec_token_ids = r.spec_token_ids, []
+        return self.draft.propose(reqs, hints)
 
     def finished(self, req: Request) -> None:
         self.lookup.finished(req)

@@ -9,8 +9,9 @@ up to the tree depth, as vLLM's does. A key of one method given to another is an
 are the draft model's keys without a draft model: nothing a user sends is silently ignored.
 
 `lookup_method` (tandem's key, with `method: "draft_model"`) runs a lookup beside the draft
-model: a request whose lookup finds a match verifies its proposal, the others the draft's
-(`spec_decode/combined.py`). The lookup's own keys then apply as under its method.
+model: as the draft's lookahead (sparing its passes where its tokens equal the lookup's), or
+with a TLI draft, a request whose lookup finds a match verifies its proposal, the others the
+draft's (`spec_decode/combined.py`). The lookup's own keys then apply as under its method.
 """
 
 from __future__ import annotations

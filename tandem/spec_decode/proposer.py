@@ -9,6 +9,7 @@ reads (the target's tokens and blocks, or its own for a TLI draft) is the job of
 
 from __future__ import annotations
 
+from itertools import accumulate
 from typing import Callable, Optional, Union
 
 import torch
@@ -17,6 +18,7 @@ from tandem.core.request import Request
 from tandem.sample.gumbel import coupled_rows
 from tandem.sample.metadata import SamplingMetadata
 from tandem.spec_decode.draft_inputs import SharedVocabDraft, TLIDraft
+from tandem.spec_decode.lookahead import at_positions, lookahead_tokens
 from tandem.worker.model_runner import ForwardBatch, make_batch
 
 
@@ -59,27 +61,34 @@ class DraftProposer:
             return end, k
         return (end, 0) if self.inputs.reserve(req, end, spare) else (req.draft.num_computed_tokens, 0)
 
-    def propose(self, reqs: list[Request]) -> int:
+    def propose(self, reqs: list[Request], hints: Optional[dict[str, list[int]]] = None
+                ) -> int:
         """Set `spec_token_ids` (and `draft_probs`) on each request that should speculate; also
         advance the draft's KV over prompt chunks the target has computed. Returns the number of
-        draft positions computed (0: no progress was possible)."""
+        draft positions computed (0: no progress was possible).
+
+        `hints` (request id -> tokens a lookup expects next): the catch-up pass reads them too,
+        so that where the draft's own tokens turn out to equal them, their rows give the next
+        drafts without a pass each (lookahead.py). The drafts are the draft model's either way."""
         plans = [self._plan(r, spare=len(reqs)) for r in reqs]
         todo = [(r, self.inputs.block_table(r), end, k) for r, (end, k) in zip(reqs, plans)
                 if end > r.draft.num_computed_tokens]
         if not todo:
             return 0
-        batch = make_batch([self.inputs.token_ids(r)[r.draft.num_computed_tokens:e]
-                            for r, _, e, _ in todo],
+        ahead = [lookahead_tokens(r, k, hints, self.inputs) for r, _, _, k in todo]
+        batch = make_batch([self.inputs.token_ids(r)[r.draft.num_computed_tokens:e] + extra
+                            for (r, _, e, _), extra in zip(todo, ahead)],
                            [r.draft.num_computed_tokens for r, _, _, _ in todo],
                            [t for _, t, _, _ in todo])
         last_rows, offset = [], 0
-        for q in batch.query_lens:
+        for q, extra in zip(batch.query_lens, ahead):
             offset += q
-            last_rows.append(offset - 1)
+            last_rows.append(offset - 1 - len(extra))  # the context's last row, then extra's
         drafting = [i for i, (_, _, _, k) in enumerate(todo) if k > 0]
-        logits = self.forward(batch, torch.tensor([last_rows[i] for i in drafting],
-                                                  dtype=torch.long))
-        computed = sum(batch.query_lens)
+        logits = self.forward(batch, torch.tensor(
+            [last_rows[i] + j for i in drafting for j in range(1 + len(ahead[i]))],
+            dtype=torch.long))
+        computed = sum(batch.query_lens) - sum(len(extra) for extra in ahead)
         if not drafting:
             self._advance(todo)
             return computed
@@ -88,7 +97,7 @@ class DraftProposer:
             [r.params for r, *_ in active], [r.output_token_ids for r, *_ in active],
             [r.prompt_token_ids for r, *_ in active], [r.rng for r, *_ in active],
             self.device)
-        drafts, probs, feeds = self._draft(active, md, logits)
+        drafts, probs, feeds = self._draft(active, md, logits, [ahead[i] for i in drafting])
         # Rows verified by token equality (gumbel.coupled_rows) keep no q, even where a mixed
         # batch computed one for them.
         coupled = coupled_rows(md, self.inputs.method)
@@ -105,32 +114,30 @@ class DraftProposer:
                              and r.params.temperature != 0 and not coupled[i] else None)
         return computed + sum(len(f) for f in feeds)
 
-    def _draft(self, active: list, md: SamplingMetadata, logits: torch.Tensor
+    def _draft(self, active: list, md: SamplingMetadata, logits: torch.Tensor,
+               ahead: list[list[int]]
                ) -> tuple[list[list[int]], list[list[torch.Tensor]], list[list[int]]]:
-        """k steps of drafting; step 0 samples from the catch-up pass's `logits`. Returns per
-        request the drafts (target ids), their q rows, and the draft ids fed back (whose KV the
-        steps wrote)."""
+        """k drafts each: the first from the catch-up pass's `logits` (each request's context
+        row, then a row per token of its `ahead`), the next from the rows of `ahead` while
+        the drafts equal it, then a pass per draft. Returns per request the drafts (target
+        ids), their q rows, and the draft ids fed back (whose KV the passes wrote)."""
         drafts: list[list[int]] = [[] for _ in active]  # target ids
         probs: list[list[torch.Tensor]] = [[] for _ in active]
         feeds: list[list[int]] = [[] for _ in active]  # draft ids fed back (their KV written)
         fed: list[int] = [0] * len(active)              # the last draft id, fed to the next step
         grammars = [r.grammar for r, *_ in active]     # structured outputs walk with the drafts
         walked = [0] * len(active)
+        first = list(accumulate((1 + len(a) for a in ahead[:-1]), initial=0))  # context rows
         try:
-            for step in range(max(k for *_, k in active)):
-                if step > 0:
-                    live = [i for i, (*_, k) in enumerate(active) if k > step]
-                    for i in live:
-                        feeds[i].append(fed[i])
-                    batch = make_batch([[fed[i]] for i in live],
-                                       [active[i][2] + step - 1 for i in live],
-                                       [active[i][1] for i in live])
-                    logits = self.forward(batch, torch.arange(len(live), dtype=torch.long))
-                    sub = md.select(live).shifted(step)  # drafting the token `step` places on
-                else:
-                    live, sub = list(range(len(active))), md
+            # the rows of `logits` the live requests draft from (None: all, in order)
+            live = list(range(len(active)))
+            rows: Optional[list[int]] = first if any(ahead) else None
+            while live:
+                # each live request drafts its token number len(drafts[i]) + 1
+                sub = at_positions(md, live, [len(drafts[i]) for i in live])
                 masks = _grammar_masks([grammars[i] for i in live])
-                draft_ids, target_ids, q = self.inputs.propose(logits, sub, masks)
+                draft_ids, target_ids, q = self.inputs.propose(
+                    logits if rows is None else logits[rows], sub, masks)
                 for j, (i, d, t) in enumerate(zip(live, draft_ids.tolist(),
                                                   target_ids.tolist())):
                     drafts[i].append(t)
@@ -139,6 +146,25 @@ class DraftProposer:
                         probs[i].append(q[j])
                     if grammars[i] is not None and grammars[i].try_consume(t):
                         walked[i] += 1
+                # Rows already computed: where the drafts so far equal the lookahead's tokens,
+                # the lookahead's next row is the pass this draft would be fed to.
+                read = [i for i in live if len(drafts[i]) < active[i][3]
+                        and drafts[i] == ahead[i][:len(drafts[i])]]
+                if read:
+                    for i in read:
+                        feeds[i].append(fed[i])
+                    live, rows = read, [first[i] + len(drafts[i]) for i in read]
+                    continue
+                live = [i for i, (*_, k) in enumerate(active) if len(drafts[i]) < k]
+                if not live:
+                    break
+                for i in live:
+                    feeds[i].append(fed[i])
+                batch = make_batch([[fed[i]] for i in live],
+                                   [active[i][2] + len(drafts[i]) - 1 for i in live],
+                                   [active[i][1] for i in live])
+                logits = self.forward(batch, torch.arange(len(live), dtype=torch.long))
+                rows = None
         finally:
             for grammar, n in zip(grammars, walked):
                 if grammar is not None:

@@ -218,13 +218,19 @@ def test_bad_per_request_speculation_fields_are_refused(field, value, message):
 
 
 @pytest.mark.parametrize("lookup", ["ngram", "suffix"])
-def test_a_lookup_beside_a_draft_model(tiny_dirs, prompts, plain_reference, lookup):
-    """lookup_method: a request whose lookup matches verifies the lookup's drafts, the others
-    the draft model's, in the same steps; greedy output is still plain decoding's."""
-    # The target as its own draft: every draft it makes is accepted, so both proposers' accepted
-    # tokens show (an unrelated random draft may have none accepted at all).
+@pytest.mark.parametrize("vocab", ["shared", "tli"])
+def test_a_lookup_beside_a_draft_model(tiny_dirs, tli_draft, prompts, plain_reference, lookup,
+                                       vocab):
+    """lookup_method: with a draft of the target's vocabulary the lookup is the draft's
+    lookahead, and every draft the draft model's (test_lookahead.py); with another vocabulary
+    (TLI), a request whose lookup matches verifies the lookup's drafts, the others the draft
+    model's, in the same steps. Greedy output is plain decoding's either way."""
+    # The target as its own draft: every draft it makes is accepted (an unrelated random draft
+    # may have none accepted at all); the TLI draft is the target's layers, so it partly agrees.
     config = {"model": tiny_dirs["llama"], "num_speculative_tokens": 4, "adaptive": False,
               "lookup_method": lookup}
+    if vocab == "tli":
+        config.update(model=tli_draft, use_heterogeneous_vocab=True)
     if lookup == "ngram":
         config["prompt_lookup_min"] = 2
     llm = LLM(tiny_dirs["llama"], speculative_config=config)
@@ -233,14 +239,16 @@ def test_a_lookup_beside_a_draft_model(tiny_dirs, prompts, plain_reference, look
     assert tokens(outs) == plain_reference
     # Each accepted token names its proposer: "draft" (the model's) or the lookup's name.
     origins = [o for out in outs for c in out.outputs for o in c.token_origins]
-    assert {lookup, "draft", "target"} <= set(origins)
+    methods = (lookup, "draft_model") if vocab == "tli" else ("draft_model",)
+    assert set(origins) == {"target"} | {"draft" if m == "draft_model" else m for m in methods}
     by_method = {(m.name, m.labels.get("method")): m.value for m in llm.get_metrics()
                  if m.name.endswith("_by_method")}
-    for method in (lookup, "draft_model"):  # both proposed, and both were verified
+    for method in methods:  # each proposed, and each was verified
         assert by_method[("tandem:spec_decode_num_draft_tokens_by_method", method)] > 0
     total = sum(v for (name, _), v in by_method.items()
                 if name == "tandem:spec_decode_num_draft_tokens_by_method")
     assert total == metrics(llm)["tandem:spec_decode_num_draft_tokens"]
-    for origin, method in ((lookup, lookup), ("draft", "draft_model")):
+    for method in methods:
+        origin = "draft" if method == "draft_model" else method
         assert origins.count(origin) == by_method[
             ("tandem:spec_decode_num_accepted_tokens_by_method", method)] > 0
