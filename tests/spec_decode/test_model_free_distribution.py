@@ -26,6 +26,10 @@ METHODS = {
               "prompt_lookup_max": 2},
     "suffix": {"method": "suffix", "num_speculative_tokens": 2,
                "suffix_decoding_min_token_prob": 0.0},
+    # beside a draft model (pair[1]) of the same vocabulary: the lookup's token is fed in the
+    # draft's catch-up pass, and the second draft is read from its row where the first equals it
+    "draft+ngram": {"num_speculative_tokens": 2, "lookup_method": "ngram",
+                    "prompt_lookup_min": 1, "prompt_lookup_max": 2},
 }
 
 
@@ -35,16 +39,20 @@ def exact(pair) -> np.ndarray:  # noqa: F811
     return exact_law(pair[0], PROMPT)
 
 
-def _sample(target: str, method: str, num: int = NUM_SAMPLES) -> tuple[np.ndarray, float, int]:
-    llm = LLM(target, seed=1234, speculative_config={
-        **METHODS[method], "adaptive": False, "rejection_sample_method": "standard"})
+def _sample(pair: tuple[str, str], method: str, num: int = NUM_SAMPLES
+            ) -> tuple[np.ndarray, float, int]:
+    config = dict(METHODS[method])
+    if method == "draft+ngram":  # the lookup as the draft's lookahead: the draft's own q
+        config["model"] = pair[1]
+    llm = LLM(pair[0], seed=1234, speculative_config={
+        **config, "adaptive": False, "rejection_sample_method": "standard"})
     firsts, drafted, accepted = draw(llm, PROMPT, num)
     return firsts, accepted / drafted, drafted
 
 
 @pytest.mark.parametrize("method", sorted(METHODS))
 def test_model_free_samples_match_target_distribution(pair, exact, method):  # noqa: F811
-    samples, acceptance, drafted = _sample(pair[0], method)
+    samples, acceptance, drafted = _sample(pair, method)
     assert drafted > NUM_SAMPLES  # drafts at most steps, so verification is what is tested
     assert 0.1 < acceptance < 0.95  # and both acceptance and the residual are exercised
     assert _pvalue(samples, exact) > ALPHA
@@ -54,5 +62,5 @@ def test_model_free_samples_match_target_distribution(pair, exact, method):  # n
 def test_planted_sampler_errors_are_detected(pair, exact, bug, monkeypatch):  # noqa: F811
     planted = _resample_from_p if bug == "recovery_weights" else _accept_with_q_over_p
     monkeypatch.setattr(RejectionSampler, bug, staticmethod(planted))
-    samples, _, _ = _sample(pair[0], "ngram", 3000)
+    samples, _, _ = _sample(pair, "ngram", 3000)
     assert _pvalue(samples, exact) < ALPHA
