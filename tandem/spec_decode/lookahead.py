@@ -16,6 +16,7 @@ from typing import Any, Optional
 
 from tandem.core.request import Request
 from tandem.sample.metadata import SamplingMetadata
+from tandem.spec_decode.draft_inputs import SharedVocabDraft
 
 
 def lookahead_tokens(req: Request, k: int, hints: Optional[dict[str, list[int]]],
@@ -24,7 +25,6 @@ def lookahead_tokens(req: Request, k: int, hints: Optional[dict[str, list[int]]]
     lookup's (the last draft is never fed), none for a request that does not draft, a
     structured output (its grammar walks draft by draft), or a draft with another vocabulary
     (TLI: the lookup's tokens are the target's)."""
-    from tandem.spec_decode.draft_inputs import SharedVocabDraft
     if not hints or k < 2 or req.grammar is not None or not isinstance(inputs, SharedVocabDraft):
         return []
     return list(hints.get(req.request_id, ())[:k - 1])

@@ -2,8 +2,10 @@
 
 Each round starts with one "catch-up" pass over every position the draft has not yet computed
 (usually the newest token; after an acceptance also the accepted drafts; after a prefix-cache hit,
-a preemption or for a new request, its prompt), then k - 1 single-token passes. Draft KV written
-for drafts that are later rejected is simply overwritten by the next catch-up pass. What the draft
+a preemption or for a new request, its prompt), then k - 1 single-token passes, fewer where a
+lookup beside the draft gave the catch-up pass tokens to look ahead on and the draft's own drafts
+equal them (lookahead.py). Draft KV written for drafts that are later rejected (or for lookahead
+tokens past the first that differs) is simply overwritten by the next pass. What the draft
 reads (the target's tokens and blocks, or its own for a TLI draft) is the job of `draft_inputs`.
 """
 
