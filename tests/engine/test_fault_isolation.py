@@ -34,10 +34,10 @@ def test_a_failing_request_of_several_sequences_fails_alone(tiny_llama: str, whe
     if where == "drafting":  # after the catch-up pass wrote KV: the planted error's place
         real_draft = DraftProposer._draft
 
-        def draft(self: Any, active: Any, md: Any, logits: Any) -> Any:
+        def draft(self: Any, active: Any, md: Any, logits: Any, ahead: Any) -> Any:
             if _poisoned(r for r, *_ in active):
                 raise RuntimeError("injected fault")
-            return real_draft(self, active, md, logits)
+            return real_draft(self, active, md, logits, ahead)
         monkeypatch.setattr(DraftProposer, "_draft", draft)
     else:
         real_execute = ModelRunner.execute
