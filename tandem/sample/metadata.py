@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Union
 
 import torch
 
@@ -135,9 +135,12 @@ class SamplingMetadata:
             no_penalties=self.no_penalties, no_filters=self.no_filters,
         )
 
-    def shifted(self, offset: int) -> SamplingMetadata:
-        """The same rows deciding the positions `offset` tokens later (the draft's later steps)."""
-        return dataclasses.replace(self, positions=[p + offset for p in self.positions])
+    def shifted(self, offset: Union[int, list[int]]) -> SamplingMetadata:
+        """The same rows deciding the positions `offset` tokens later (the draft's later steps),
+        or offset[i] tokens later for row i (drafts read from a lookahead's rows)."""
+        offsets = [offset] * self.num_rows if isinstance(offset, int) else offset
+        return dataclasses.replace(self, positions=[p + o for p, o in zip(self.positions,
+                                                                          offsets)])
 
     def select(self, rows: list[int]) -> SamplingMetadata:
         """The sub-batch of the given rows, in that order (rngs are shared, not copied)."""

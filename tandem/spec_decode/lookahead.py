@@ -11,11 +11,9 @@ sampler sees a draft model, and the lookup only spares passes."""
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, Optional
 
 from tandem.core.request import Request
-from tandem.sample.metadata import SamplingMetadata
 from tandem.spec_decode.draft_inputs import SharedVocabDraft
 
 
@@ -29,9 +27,3 @@ def lookahead_tokens(req: Request, k: int, hints: Optional[dict[str, list[int]]]
         return []
     return list(hints.get(req.request_id, ())[:k - 1])
 
-
-def at_positions(md: SamplingMetadata, rows: list[int], shifts: list[int]) -> SamplingMetadata:
-    """Rows `rows` of `md`, each deciding the position `shifts[j]` tokens after its own (the
-    draft's token number shifts[j] + 1)."""
-    sub = md.select(rows)
-    return dataclasses.replace(sub, positions=[p + s for p, s in zip(sub.positions, shifts)])

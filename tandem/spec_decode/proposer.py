@@ -20,7 +20,7 @@ from tandem.core.request import Request
 from tandem.sample.gumbel import coupled_rows
 from tandem.sample.metadata import SamplingMetadata
 from tandem.spec_decode.draft_inputs import SharedVocabDraft, TLIDraft
-from tandem.spec_decode.lookahead import at_positions, lookahead_tokens
+from tandem.spec_decode.lookahead import lookahead_tokens
 from tandem.worker.model_runner import ForwardBatch, make_batch
 
 
@@ -136,7 +136,7 @@ class DraftProposer:
             rows: Optional[list[int]] = first if any(ahead) else None
             while live:
                 # each live request drafts its token number len(drafts[i]) + 1
-                sub = at_positions(md, live, [len(drafts[i]) for i in live])
+                sub = md.select(live).shifted([len(drafts[i]) for i in live])
                 masks = _grammar_masks([grammars[i] for i in live])
                 draft_ids, target_ids, q = self.inputs.propose(
                     logits if rows is None else logits[rows], sub, masks)

@@ -153,6 +153,7 @@ def test_expand_repeats_rows_and_appends_prefixes() -> None:
     sub = md.select([1])
     assert sub.all_greedy and sub.rngs[0] is md.rngs[1] and sub.positions == [2]
     assert md.shifted(2).positions == [3, 4]
+    assert md.shifted([0, 3]).positions == [1, 5]  # each row its own offset
     assert math.isclose(float(md.select([0]).temperature[0]), 0.5)
 
 
