@@ -54,8 +54,9 @@ DRAFTS = {"gemma3": {"model": SMOLLM2, "use_heterogeneous_vocab": True},
 
 def method_config(model: str, method: str, draft_k: int = 8) -> dict[str, Any]:
     """The speculative config of `method` on `model`: a lookup alone, the model's draft model
-    alone, or the draft model with a lookup beside it (`draft+ngram`, `draft+suffix`), with
-    `draft_k` as num_speculative_tokens (the lookup's too, beside a draft model)."""
+    alone (`lookup_method: "none"`: without the n-gram lookahead it has by default), or the
+    draft model with a lookup beside it (`draft+ngram`, `draft+suffix`), with `draft_k` as
+    num_speculative_tokens (the lookup's too, beside a draft model)."""
     if method == "ngram":
         return dict(NGRAM)
     if method == "suffix":
@@ -65,8 +66,7 @@ def method_config(model: str, method: str, draft_k: int = 8) -> dict[str, Any]:
                          f"(one for {', '.join(DRAFTS)})")
     config = {**DRAFTS[model], "num_speculative_tokens": draft_k}
     lookup = method.partition("+")[2]
-    if lookup:
-        config["lookup_method"] = lookup
+    config["lookup_method"] = lookup or "none"  # `draft`: without its default lookahead
     if lookup == "ngram":  # its lookup keys as alone (suffix's are vLLM's defaults either way)
         config.update(prompt_lookup_min=NGRAM["prompt_lookup_min"],
                       prompt_lookup_max=NGRAM["prompt_lookup_max"])

@@ -42,7 +42,7 @@ from tandem.sample.random import SeededRandom
 from tandem.sampling_params import SamplingParams
 from tandem.spec_decode.metrics import SpecDecodeMetrics
 from tandem.spec_decode.factory import build_proposer, build_samplers
-from tandem.spec_decode.combined import CombinedProposer
+from tandem.spec_decode.combined import with_lookup
 from tandem.spec_decode.model_free import Proposer, build_model_free_proposer
 from tandem.spec_decode.schedule import BatchSizeSchedule
 from tandem.worker.kv_cache import check_format, determine_num_blocks, kv_formats
@@ -87,11 +87,8 @@ class LLMEngine:
         if spec is not None and spec.model_free:
             self.proposer = build_model_free_proposer(spec, spec.draft_max_model_len)
         elif spec is not None:
-            self.proposer = build_proposer(config, self.executor.forward("draft"), self.kv,
-                                           self.device)
-            if spec.lookup_method is not None:  # a lookup's matches first, the draft elsewhere
-                self.proposer = CombinedProposer(
-                    build_model_free_proposer(spec, mc.max_model_len), self.proposer)
+            self.proposer = with_lookup(spec, build_proposer(  # a lookup beside it (combined.py)
+                config, self.executor.forward("draft"), self.kv, self.device), mc.max_model_len)
         if hasattr(self.proposer, "finished"):  # a lookup drops (or keeps) what it knew
             self.scheduler.on_finish = self.proposer.finished
         self.drafting = (Drafting(self.proposer, spec.adaptive, self._fail,

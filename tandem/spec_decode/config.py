@@ -79,7 +79,8 @@ class SpeculativeConfig:
     suffix_decoding_max_cached_requests: Optional[int] = None
     suffix_decoding_max_spec_factor: Optional[float] = None
     suffix_decoding_min_token_prob: Optional[float] = None
-    # tandem's: "ngram" or "suffix" beside the draft model (model_free_config.py)
+    # tandem's: "ngram" or "suffix" beside the draft model, or "none"; left out, an n-gram
+    # lookahead where the draft shares the target's vocabulary (model_free_config.py)
     lookup_method: Optional[str] = None
     # vLLM's keys with nothing to act on here (no CUDA graphs; no remote model code): accepted
     # and logged.

@@ -12,6 +12,8 @@ are the draft model's keys without a draft model: nothing a user sends is silent
 model: as the draft's lookahead (sparing its passes where its tokens equal the lookup's), or
 with a TLI draft, a request whose lookup finds a match verifies its proposal, the others the
 draft's (`spec_decode/combined.py`). The lookup's own keys then apply as under its method.
+Left out, a draft of the target's vocabulary gets an n-gram lookahead (`LOOKAHEAD_NGRAM`): it
+never changes a draft, only spares passes; `"none"` turns it off.
 """
 
 from __future__ import annotations
@@ -27,6 +29,10 @@ SUFFIX_DEFAULTS: dict[str, Any] = {
     "suffix_decoding_min_token_prob": 0.1,
 }
 NGRAM_DEFAULT_LOOKUP = 5
+LOOKUP_OFF = "none"  # lookup_method: the draft model alone, without its default lookahead
+# The lookahead a draft of the target's vocabulary gets when lookup_method is left out: n-grams
+# of 2 to 5 tokens (1 measured worse alone: its one-token matches cost rows; docs/speculation.md).
+LOOKAHEAD_NGRAM = {"prompt_lookup_min": 2, "prompt_lookup_max": 5}
 # Keys that describe a draft model: meaningless for a model-free method.
 DRAFT_MODEL_KEYS = ("revision", "quantization", "kv_cache_dtype", "draft_tensor_parallel_size",
                     "heterogeneous_vocab_feedback", "code_revision", "enforce_eager")
@@ -93,13 +99,13 @@ def _lookup_method(raw: dict, method: Any) -> Any:
     lookup = raw.get("lookup_method")
     if lookup is None:
         return method if method in MODEL_FREE_METHODS else None
-    if lookup not in MODEL_FREE_METHODS:
+    if lookup not in (*MODEL_FREE_METHODS, LOOKUP_OFF):
         raise ValueError(f"speculative_config['lookup_method'] must be one of "
-                         f"{list(MODEL_FREE_METHODS)}, got {lookup!r}.")
+                         f"{[*MODEL_FREE_METHODS, LOOKUP_OFF]}, got {lookup!r}.")
     if method not in (None, "draft_model"):
         raise ValueError(f"speculative_config['lookup_method'] adds a lookup beside a draft "
                          f"model (method='draft_model'), got method={method!r}.")
-    return lookup
+    return None if lookup == LOOKUP_OFF else lookup
 
 
 def _resolve_lookup_keys(raw: dict, lookup: str) -> None:

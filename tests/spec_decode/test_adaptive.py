@@ -270,8 +270,9 @@ def test_set_policy_switches_drafting_on_one_engine_and_stays_lossless(tiny_dirs
                                                 "adaptive": False})
     engine = llm.llm_engine
     passes = []
-    forward = engine.proposer.forward
-    engine.proposer.forward = lambda *a: passes.append(1) or forward(*a)
+    drafter = engine.proposer.draft  # behind its default n-gram lookahead (combined.py)
+    forward = drafter.forward
+    drafter.forward = lambda *a: passes.append(1) or forward(*a)
     for k, adaptive in [(0, False), (2, False), (3, True), (0, False), (3, False)]:
         engine.drafting.set_policy(k, adaptive)
         del passes[:]

@@ -99,7 +99,8 @@ from tiny_models import build_tiny_model
     ({"method": "ngram", "num_speculative_tokens": 3, "max_model_len": 100000},
      "speculative_max_model_len=100000 cannot be larger than target_max_model_len"),
     ({"model": "D", "num_speculative_tokens": 3, "lookup_method": "medusa"},
-     "speculative_config['lookup_method'] must be one of ['ngram', 'suffix'], got 'medusa'."),
+     "speculative_config['lookup_method'] must be one of ['ngram', 'suffix', 'none'], got "
+     "'medusa'."),
     ({"method": "ngram", "num_speculative_tokens": 3, "lookup_method": "suffix"},
      "speculative_config['lookup_method'] adds a lookup beside a draft model "
      "(method='draft_model'), got method='ngram'."),

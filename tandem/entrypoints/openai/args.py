@@ -50,8 +50,10 @@ SPEC_KEYS_HELP = """\
                                 suffix: tree depth, finished outputs kept for later requests,
                                 drafts per matched token, and the least probability a draft
                                 token may have
-  lookup_method                 "ngram" or "suffix" beside a draft model: a request whose
-                                lookup matches verifies its drafts, the others the model's
+  lookup_method                 "ngram" or "suffix" beside a draft model, the draft's
+                                lookahead (TLI: a request whose lookup matches verifies its
+                                drafts, the others the model's); "none" for the draft alone.
+                                Default: an n-gram lookahead (2..5) on a shared vocabulary
   draft_sample_method           "auto" (default: from the request's own distribution, greedy for
                                 greedy requests), "probabilistic" (the same) or "greedy" (argmax)
   draft_tensor_parallel_size    1 (the draft beside rank 0) or the target's -tp
