@@ -68,15 +68,19 @@ def test_a_draft_of_the_target_s_vocabulary_gets_an_ngram_lookahead_unless_told_
         config = {"model": draft, "num_speculative_tokens": 3, **extra}
         return LLM(tiny_llama, speculative_config=config).llm_engine.proposer
 
-    llm = LLM(tiny_llama, speculative_config={"model": tiny_llama, "num_speculative_tokens": 3})
+    llm = LLM(tiny_llama, speculative_config={"model": tiny_llama, "num_speculative_tokens": 3,
+                                              "adaptive": False})
     default = llm.llm_engine.proposer
     assert isinstance(default, CombinedProposer) and default.lookahead
     lookup = default.lookup.lookup
     assert isinstance(lookup, NgramLookup)
     assert ((lookup.n_min, lookup.n_max) ==
             (LOOKAHEAD_NGRAM["prompt_lookup_min"], LOOKAHEAD_NGRAM["prompt_lookup_max"]))
+    seen: set[str] = set()
+    propose = lookup.propose
+    lookup.propose = lambda req, k: seen.add(req.request_id) or propose(req, k)
     llm.generate(REPEATING, SamplingParams(temperature=0, max_tokens=8), use_tqdm=False)
-    assert lookup.indexes == {}  # a finished request's index goes with it
+    assert len(seen) == len(REPEATING) and lookup.indexes == {}  # dropped as requests finish
     assert isinstance(proposer(tiny_llama, lookup_method="none"), DraftProposer)
     # a TLI draft's tokens are not the lookup's: no lookahead unless asked for (lookup-first)
     assert isinstance(proposer(tli_draft, use_heterogeneous_vocab=True), DraftProposer)
