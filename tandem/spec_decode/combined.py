@@ -17,9 +17,9 @@ matches, and catches up over what it missed in one pass when the lookup stops
 (`DraftProposer`'s catch-up, then its k - 1 steps, in the same round). That way the lookup's
 matches displace the draft's better runs on free text (docs/speculation.md).
 
-Without `lookup_method`, a draft of the target's vocabulary gets an n-gram lookahead
-(`with_lookup`): it changes no draft, so what a user sees of the draft model is the same, only
-fewer of its passes.
+Without `lookup_method`, a draft of the target's vocabulary gets an n-gram lookahead (the
+config says so: SpeculativeConfig fills it in): it changes no draft, so what a user sees of the
+draft model is the same, only fewer of its passes.
 """
 
 from __future__ import annotations
@@ -28,9 +28,8 @@ from typing import Any, Union
 
 from tandem.core.request import Request
 from tandem.spec_decode.draft_inputs import SharedVocabDraft
-from tandem.spec_decode.model_free import (ModelFreeProposer, NgramLookup,
-                                           build_model_free_proposer)
-from tandem.spec_decode.model_free_config import LOOKAHEAD_NGRAM, LOOKUP_OFF
+from tandem.spec_decode.model_free import ModelFreeProposer, build_model_free_proposer
+from tandem.spec_decode.model_free_config import LOOKUP_OFF
 from tandem.spec_decode.proposer import DraftProposer
 
 
@@ -79,17 +78,10 @@ class CombinedProposer:
 
 def with_lookup(spec: Any, draft: DraftProposer, max_len: int
                 ) -> Union[DraftProposer, CombinedProposer]:
-    """The draft model's proposer with the config's lookup beside it: `lookup_method`'s, or
-    where it was left out and the draft shares the target's vocabulary, an n-gram lookahead
-    (LOOKAHEAD_NGRAM); the draft alone for "none" or a TLI draft left without one. `max_len`:
-    the target's length (the lookup reads the target's tokens)."""
-    if spec.lookup_method == LOOKUP_OFF:
+    """The draft model's proposer with the config's lookup beside it (`lookup_method`, which
+    SpeculativeConfig sets to an n-gram lookahead where it was left out and the draft shares
+    the target's vocabulary), or the draft alone ("none", or a TLI draft left without one).
+    `max_len`: the target's length (the lookup reads the target's tokens)."""
+    if spec.lookup_method in (None, LOOKUP_OFF):
         return draft
-    if spec.lookup_method is not None:
-        return CombinedProposer(build_model_free_proposer(spec, max_len), draft)
-    if not isinstance(draft.inputs, SharedVocabDraft):
-        return draft
-    lookup = NgramLookup(LOOKAHEAD_NGRAM["prompt_lookup_min"],
-                         LOOKAHEAD_NGRAM["prompt_lookup_max"])
-    return CombinedProposer(ModelFreeProposer(lookup, spec.num_speculative_tokens, max_len),
-                            draft)
+    return CombinedProposer(build_model_free_proposer(spec, max_len), draft)

@@ -79,8 +79,8 @@ class SpeculativeConfig:
     suffix_decoding_max_cached_requests: Optional[int] = None
     suffix_decoding_max_spec_factor: Optional[float] = None
     suffix_decoding_min_token_prob: Optional[float] = None
-    # tandem's: "ngram" or "suffix" beside the draft model, or "none"; left out, an n-gram
-    # lookahead where the draft shares the target's vocabulary (model_free_config.py)
+    # tandem's: "ngram" or "suffix" beside the draft model, or "none"; left out, "ngram" with
+    # LOOKAHEAD_NGRAM's keys where the draft shares the target's vocabulary (_with_draft)
     lookup_method: Optional[str] = None
     # vLLM's keys with nothing to act on here (no CUDA graphs; no remote model code): accepted
     # and logged.
@@ -291,8 +291,11 @@ class SpeculativeConfig:
         if self.use_heterogeneous_vocab and same:
             logger.info("use_heterogeneous_vocab: the draft shares the target's tokenizer, so "
                         "drafting needs no vocabulary mapping.")
-        return SpeculativeConfig(**{f.name: getattr(self, f.name) for f in fields(self)
-                                    if f.name not in _DERIVED},
+        lookahead = {}
+        if self.lookup_method is None and same:  # the default: an n-gram lookahead
+            lookahead = {"lookup_method": "ngram", **model_free_config.LOOKAHEAD_NGRAM}
+        return SpeculativeConfig(**{**{f.name: getattr(self, f.name) for f in fields(self)
+                                       if f.name not in _DERIVED}, **lookahead},
                                  draft_model_config=draft, uses_vocab_mapping=not same)
 
 

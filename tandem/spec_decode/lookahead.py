@@ -11,19 +11,17 @@ sampler sees a draft model, and the lookup only spares passes."""
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Optional
 
 from tandem.core.request import Request
-from tandem.spec_decode.draft_inputs import SharedVocabDraft
 
 
-def lookahead_tokens(req: Request, k: int, hints: Optional[dict[str, list[int]]],
-                     inputs: Any) -> list[int]:
+def lookahead_tokens(req: Request, k: int, hints: Optional[dict[str, list[int]]]) -> list[int]:
     """The tokens to feed after `req`'s context in the catch-up pass: up to k - 1 of the
-    lookup's (the last draft is never fed), none for a request that does not draft, a
-    structured output (its grammar walks draft by draft), or a draft with another vocabulary
-    (TLI: the lookup's tokens are the target's)."""
-    if not hints or k < 2 or req.grammar is not None or not isinstance(inputs, SharedVocabDraft):
+    lookup's (the last draft is never fed), none for a request that does not draft or a
+    structured output (its grammar walks draft by draft). Only a draft of the target's
+    vocabulary is given hints (CombinedProposer.lookahead): a TLI draft's tokens are not the
+    lookup's."""
+    if not hints or k < 2 or req.grammar is not None:
         return []
     return list(hints.get(req.request_id, ())[:k - 1])
-

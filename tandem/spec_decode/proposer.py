@@ -77,7 +77,7 @@ class DraftProposer:
                 if end > r.draft.num_computed_tokens]
         if not todo:
             return 0
-        ahead = [lookahead_tokens(r, k, hints, self.inputs) for r, _, _, k in todo]
+        ahead = [lookahead_tokens(r, k, hints) for r, _, _, k in todo]
         batch = make_batch([self.inputs.token_ids(r)[r.draft.num_computed_tokens:e] + extra
                             for (r, _, e, _), extra in zip(todo, ahead)],
                            [r.draft.num_computed_tokens for r, _, _, _ in todo],

@@ -15,7 +15,7 @@ from test_spec_greedy import metrics, tokens
 
 ALONE = {"lookup_method": "none"}
 NGRAM = {"lookup_method": "ngram", "prompt_lookup_min": 1, "prompt_lookup_max": 3}
-DEFAULT: dict = {}  # left out: an n-gram lookahead of 2..5 (combined.with_lookup)
+DEFAULT: dict = {}  # left out: an n-gram lookahead of 2..5 (SpeculativeConfig._with_draft)
 
 
 def _run(target: str, draft: str, lookup: dict, params: SamplingParams, prompts: list
