@@ -11,6 +11,67 @@
 #include "attention_tile.h"
 #include "attention_wide.h"
 
+/* The value sums of rows r0 .. r1 - 1 (one KV head's) for this tile: rows with the same keys
+ * in groups of up to vg, each group's vectors cv at a time. */
+static inline __attribute__((always_inline)) void head_values(
+        pass_t *st, int r0, int r1, int64_t t0, int vg, const int cv, const int nv,
+        const int type) {
+    for (int i0 = r0; i0 < r1;) {
+        int gn = 1;
+        while (i0 + gn < r1 && gn < vg && st->a[i0 + gn] == st->a[i0]
+               && st->b[i0 + gn] == st->b[i0])
+            gn++;
+        if (st->a[i0] <= st->b[i0]) {
+#define VALUES(GN) tile_values(st, i0, GN, t0, e0, cv, nv, type)
+            for (int e0 = 0; e0 < nv; e0 += cv) {
+                if (gn == 1) VALUES(1);
+                else if (gn == 2) VALUES(2);
+                else if (gn == 3) VALUES(3);
+                else VALUES(4);
+            }
+#undef VALUES
+        }
+        i0 += gn;
+    }
+}
+
+/* One tile of keys a0 .. t1 (at t0) for rows of few queries a head (a decode) whose cache
+ * streams from the memory (cache_t.stream), in two phases: every head's scores and weights,
+ * then every head's value sums. The tile's keys were asked of the memory during the last
+ * tile's values (at once, for a pass's first tile), its values are asked for during its
+ * scores, and the next tile's keys during its values, a head's share after each head: so the
+ * memory streams while the core computes, and no more than half a tile is in flight beside
+ * the half being read (a whole next tile in flight evicted this one: tile_fetch). A burst of
+ * the whole tile before its heads left the memory idle while they were computed: on a Zen 4,
+ * one query of the 1.7B shape at 16,384 keys of float16 (134 MB a layer) took 1.5x the time,
+ * and the model's decode at depth 4,096 ran 1.15-1.3x slower (benchmarks/LOG.md). Each row's
+ * arithmetic is attend_rows's, in its order, so the same bits. */
+static inline __attribute__((always_inline)) void phased_tile(
+        const row_t *rows, const int *gs, int ng, const cache_t *c, float scale, float softcap,
+        pass_t *st, int64_t t0, int64_t a0, int64_t t1, int64_t hi, int first, int vg,
+        const int cv, const int nv, const int type) {
+    const int64_t n0 = t1 + 1, n1 = t1 + KEY_TILE < hi ? t1 + KEY_TILE : hi;  /* the next tile */
+    if (first) stream_fetch(c, c->k, a0, t1, ng, 0, 1);
+    for (int h = 0; h < ng; h++) {
+        const int r0 = gs[h], r1 = gs[h + 1];
+        tile_rows(st->k, c, c->k, t0, a0, t1, h);
+        for (int i = r0; i < r1; i += SCORE_ROWS)
+            tile_scores(rows + i, r1 - i < SCORE_ROWS ? r1 - i : SCORE_ROWS, st->k, a0, t1, t0,
+                        scale, softcap, st->s + i * TILE_STRIDE, nv, type);
+        stream_fetch(c, c->v, a0, t1, ng, h, ng);
+        for (int i = r0; i < r1; i++) {
+            st->a[i] = rows[i].lo > t0 ? rows[i].lo : t0;
+            st->b[i] = rows[i].hi < t1 ? rows[i].hi : t1;
+            if (st->a[i] <= st->b[i]) tile_weights(st, i, t0);
+        }
+    }
+    for (int h = 0; h < ng; h++) {
+        tile_rows(st->v, c, c->v, t0, a0, t1, h);
+        if (n0 <= n1) stream_fetch(c, c->k, n0, n1, ng, h, ng);
+        head_values(st, gs[h], gs[h + 1], t0, vg, cv, nv, type);
+    }
+}
+
 /* Rows 0 .. nr - 1 (nr <= PASS_ROWS, each clipped to one chunk of keys; a row with lo > hi has
  * none there) against their keys, tile by tile, from a fresh state. The rows come in ng groups,
  * group h (rows gs[h] .. gs[h + 1] - 1) of KV head c->g + h. Leaves each row's partial in st: its
@@ -36,8 +97,14 @@ static inline __attribute__((always_inline)) void attend_rows(
     const int cv = nv < VALUE_VECS ? nv : VALUE_VECS;  /* the sums' vectors, a chunk at a time */
     int vg = VALUE_ACCS / (split * cv);
     vg = vg < 1 ? 1 : vg > VALUE_ROWS ? VALUE_ROWS : vg;
-    for (int64_t t0 = lo - lo % KEY_TILE; t0 <= hi; t0 += KEY_TILE) {
+    const int64_t first = lo - lo % KEY_TILE;
+    for (int64_t t0 = first; t0 <= hi; t0 += KEY_TILE) {
         int64_t t1 = t0 + KEY_TILE - 1 < hi ? t0 + KEY_TILE - 1 : hi, a0 = t0 > lo ? t0 : lo;
+        if (!wide && c->stream) {  /* a decode whose cache streams from the memory */
+            phased_tile(rows, gs, ng, c, scale, softcap, st, t0, a0, t1, hi, t0 == first, vg,
+                        cv, nv, type);
+            continue;
+        }
         tile_fetch(c, a0, t1, ng);
         for (int h = 0; h < ng; h++) {
             const int r0 = gs[h], r1 = gs[h + 1];
@@ -59,23 +126,7 @@ static inline __attribute__((always_inline)) void attend_rows(
                 if (st->a[i] <= st->b[i]) tile_weights(st, i, t0);
             }
             if (wide) widen(st->v, st->wide, t0, a0, t1, nv);
-            for (int i0 = r0; i0 < r1;) {
-                int gn = 1;
-                while (i0 + gn < r1 && gn < vg && st->a[i0 + gn] == st->a[i0]
-                       && st->b[i0 + gn] == st->b[i0])
-                    gn++;
-                if (st->a[i0] <= st->b[i0]) {
-#define VALUES(GN) tile_values(st, i0, GN, t0, e0, cv, nv, wide ? KV_F32 : type)
-                    for (int e0 = 0; e0 < nv; e0 += cv) {
-                        if (gn == 1) VALUES(1);
-                        else if (gn == 2) VALUES(2);
-                        else if (gn == 3) VALUES(3);
-                        else VALUES(4);
-                    }
-#undef VALUES
-                }
-                i0 += gn;
-            }
+            head_values(st, r0, r1, t0, vg, cv, nv, wide ? KV_F32 : type);
         }
     }
     if (split == 2)

@@ -50,6 +50,7 @@ typedef struct {
     const int64_t *slots;
     int64_t hkv, g, rb;
     int type;
+    int stream;  /* the request's cache outgrows the caches: a decode streams it (phased_tile) */
 } cache_t;
 
 /* st->k, st->v pointed at the cache rows of keys a .. t1 of the tile at t0, KV head c->g + h. */
@@ -62,13 +63,21 @@ static inline void tile_head(pass_t *st, const cache_t *c, int64_t t0, int64_t a
     }
 }
 
+/* As tile_head for one of the two: p[j - t0] at the rows of `base` (c->k or c->v). */
+static inline void tile_rows(const uint8_t **p, const cache_t *c, const char *base, int64_t t0,
+                             int64_t a, int64_t t1, int h) {
+    for (int64_t j = a; j <= t1; j++)
+        p[j - t0] = (const uint8_t *)base + (c->slots[j] * c->hkv + c->g + h) * c->rb;
+}
+
 /* Every cache line of keys a .. b's rows for KV heads c->g .. c->g + ng - 1 (side by side in
  * each key's slot), keys and values, asked of the memory at once, in address order, before the
  * tile's heads are computed, so that the heads read the tile from the caches. Read head by
  * head, a slot of 32 heads of 64 float16 numbers puts each row a 4 KB page apart, which the
- * hardware's prefetchers do not follow. Asking for the next tile while this one is computed
- * instead (into L1 or L2, spread over the heads, or in one burst) was slower: the tile's own
- * rows then wait behind it (benchmarks/LOG.md). */
+ * hardware's prefetchers do not follow. Asking for the whole next tile while this one is
+ * computed instead (into L1 or L2, spread over the heads, or in one burst) was slower: the
+ * tile's own rows then wait behind it (benchmarks/LOG.md); a decode whose cache streams from
+ * the memory asks for half a tile ahead instead (attention_pass.h's phased_tile). */
 static inline void tile_fetch(const cache_t *c, int64_t a, int64_t b, int ng) {
     const int64_t per_key = ng * c->rb;
     for (int64_t j = a; j <= b; j++) {
@@ -82,8 +91,9 @@ static inline void tile_fetch(const cache_t *c, int64_t a, int64_t b, int ng) {
 }
 
 /* KV head c->g + h's rows of keys a .. b, keys and values, asked of the memory. A q8_0 decode
- * asks for the next tile's rows so, head by head while this tile's heads are computed, on top of
- * tile_fetch's burst: a q8_0 row takes more instructions a byte to widen than a 16-bit one, so
+ * below cache_t.stream's size (above it, phased_tile streams every format) asks for the next
+ * tile's rows so, head by head while this tile's heads are computed, on top of tile_fetch's
+ * burst: a q8_0 row takes more instructions a byte to widen than a 16-bit one, so
  * after a burst its tile's compute left the memory idle longer. On a Zen 5 a q8_0 decode at
  * depth 4,096 went from 17.9-19.1 to 23.3-24.1 tok/s (the 1.7B shape; the kernel alone at depth
  * 16,384 1.44-1.67x, natively and held to AVX2); 16-bit caches lost 2-7% and fp8 gained 1-5%
@@ -95,6 +105,25 @@ static inline void head_fetch(const cache_t *c, int64_t a, int64_t b, int h) {
         for (int64_t l = 0; l < c->rb; l += 64) {
             __builtin_prefetch(c->k + off + l, 0, 2);
             __builtin_prefetch(c->v + off + l, 0, 2);
+        }
+    }
+}
+
+/* Part `part` of `parts` of the cache lines of keys a .. b's rows for KV heads c->g ..
+ * c->g + ng - 1, of the keys (base c->k) or the values (c->v), asked of the memory in address
+ * order: a streaming decode asks for the next half tile so, a head's share after each head's
+ * compute (attention_pass.h's phased_tile). */
+static inline void stream_fetch(const cache_t *c, const char *base, int64_t a, int64_t b, int ng,
+                                int part, int parts) {
+    const int64_t per_key = ng * c->rb, lines = (per_key + 63) / 64, n = (b - a + 1) * lines;
+    const int64_t l0 = n * part / parts, l1 = n * (part + 1) / parts;
+    int64_t j = a + l0 / lines, at = l0 % lines * 64;  /* one division a call, not a line */
+    const char *row = base + (c->slots[j] * c->hkv + c->g) * c->rb;
+    for (int64_t l = l0; l < l1; l++) {
+        __builtin_prefetch(row + at, 0, 2);
+        if ((at += 64) == lines * 64 && l + 1 < l1) {
+            at = 0;
+            row = base + (c->slots[++j] * c->hkv + c->g) * c->rb;
         }
     }
 }

@@ -142,6 +142,45 @@ def test_a_tile_widened_for_many_rows_keeps_a_decode_rows_bits(fused, name, h, h
         assert torch.equal(alone[0], many[i]), (name, i)
 
 
+@pytest.mark.parametrize("name", ["float32", "float16", "q8_0"])
+@pytest.mark.parametrize("h,hkv", [(8, 8), (16, 4)])
+def test_a_decode_that_streams_its_cache_keeps_the_bits(fused, name, h, hkv):
+    """A request whose layer of keys and values outgrows the caches (4 MB: cpu_attention.c's
+    STREAM_BYTES; 6 MB here) decodes in phases that stream the cache (every head's scores, then
+    every head's values, the next rows asked for meanwhile): each query still has the bits it has
+    in a verification of many rows (the widened tile), on 1 and 2 threads, and matches float64."""
+    fmt = FORMATS[name]
+    g = torch.Generator().manual_seed(4)
+    block, d, qlen = 16, 64, 8
+    depth = (6 << 20) // (2 * hkv * fmt.row_bytes(d))
+    table = list(range(1, depth // block + 2))
+    k = torch.randn((len(table) + 1) * block, hkv, d, generator=g)
+    kc, vc = fmt.store(k), fmt.store(torch.randn(k.shape, generator=g))
+    q = torch.randn(qlen, h, d, generator=g)
+
+    def attend(query_lens, seq_lens, rows):
+        meta = build_attention_metadata(query_lens, seq_lens, [table], block,
+                                        torch.device("cpu"))
+        out = torch.empty(rows.shape)
+        assert cpu_kernels.paged_attention(rows, kc, vc, out, meta.requests, meta.kv_slots,
+                                           d ** -0.5, None)
+        return out, meta
+
+    before = torch.get_num_threads()
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            many, _ = attend([qlen], [depth], q)  # qlen * h / hkv >= 8 rows a KV head: widened
+            for i in range(qlen):
+                alone, meta = attend([1], [depth - qlen + 1 + i], q[i:i + 1])
+                assert torch.equal(alone[0], many[i]), (threads, i)
+    finally:
+        torch.set_num_threads(before)
+    slots = meta.kv_slots[0, :depth]
+    want = _reference(q[-1], fmt.load(kc)[slots], fmt.load(vc)[slots], depth - 1)
+    torch.testing.assert_close(alone[0].double(), want, rtol=0, atol=2e-5)
+
+
 @pytest.fixture(scope="module")
 def wide(tmp_path_factory) -> str:
     """A tiny llama with head size 64 (q8_0's blocks of 32 divide it)."""
