@@ -35,8 +35,9 @@ static inline __attribute__((always_inline)) void head_values(
     }
 }
 
-/* One tile of keys a0 .. t1 (at t0) for rows of few queries a head (a decode) whose cache
- * streams from the memory (cache_t.stream), in two phases: every head's scores and weights,
+/* One tile of keys a0 .. t1 (at t0) for a pass of few rows a KV head (a decode, a short
+ * verification) whose cache streams from the memory (cache_t.stream; a verification's KV
+ * heads widened as attend_rows does), in two phases: every head's scores and weights,
  * then every head's value sums. The tile's keys were asked of the memory during the last
  * tile's values (at once, for a pass's first tile), its values are asked for during its
  * scores, and the next tile's keys during its values, a head's share after each head: so the
@@ -49,15 +50,22 @@ static inline __attribute__((always_inline)) void head_values(
 static inline __attribute__((always_inline)) void phased_tile(
         const row_t *rows, const int *gs, int ng, const cache_t *c, float scale, float softcap,
         pass_t *st, int64_t t0, int64_t a0, int64_t t1, int64_t hi, int first, int vg,
-        const int cv, const int nv, const int type) {
+        const int cv, const int nv, const int type, const int wide, widen_fn widen,
+        widen_fn widen_keys) {
     const int64_t n0 = t1 + 1, n1 = t1 + KEY_TILE < hi ? t1 + KEY_TILE : hi;  /* the next tile */
     if (first) stream_fetch(c, c->k, a0, t1, ng, 0, 1);
     for (int h = 0; h < ng; h++) {
         const int r0 = gs[h], r1 = gs[h + 1];
         tile_rows(st->k, c, c->k, t0, a0, t1, h);
-        for (int i = r0; i < r1; i += SCORE_ROWS)
-            tile_scores(rows + i, r1 - i < SCORE_ROWS ? r1 - i : SCORE_ROWS, st->k, a0, t1, t0,
-                        scale, softcap, st->s + i * TILE_STRIDE, nv, type);
+        if (wide) {  /* as attend_rows: the keys through the float32 buffer */
+            widen_keys(st->k, st->wide, t0, a0, t1, nv);
+            wide_scores(rows + r0, r1 - r0, st, a0, t1, t0, scale, softcap,
+                        st->s + r0 * TILE_STRIDE, nv);
+        } else {
+            for (int i = r0; i < r1; i += SCORE_ROWS)
+                tile_scores(rows + i, r1 - i < SCORE_ROWS ? r1 - i : SCORE_ROWS, st->k, a0, t1,
+                            t0, scale, softcap, st->s + i * TILE_STRIDE, nv, type);
+        }
         stream_fetch(c, c->v, a0, t1, ng, h, ng);
         for (int i = r0; i < r1; i++) {
             st->a[i] = rows[i].lo > t0 ? rows[i].lo : t0;
@@ -68,7 +76,8 @@ static inline __attribute__((always_inline)) void phased_tile(
     for (int h = 0; h < ng; h++) {
         tile_rows(st->v, c, c->v, t0, a0, t1, h);
         if (n0 <= n1) stream_fetch(c, c->k, n0, n1, ng, h, ng);
-        head_values(st, gs[h], gs[h + 1], t0, vg, cv, nv, type);
+        if (wide) widen(st->v, st->wide, t0, a0, t1, nv);
+        head_values(st, gs[h], gs[h + 1], t0, vg, cv, nv, wide ? KV_F32 : type);
     }
 }
 
@@ -100,9 +109,9 @@ static inline __attribute__((always_inline)) void attend_rows(
     const int64_t first = lo - lo % KEY_TILE;
     for (int64_t t0 = first; t0 <= hi; t0 += KEY_TILE) {
         int64_t t1 = t0 + KEY_TILE - 1 < hi ? t0 + KEY_TILE - 1 : hi, a0 = t0 > lo ? t0 : lo;
-        if (!wide && c->stream) {  /* a decode whose cache streams from the memory */
+        if (c->stream) {  /* a decode or verification whose cache streams from the memory */
             phased_tile(rows, gs, ng, c, scale, softcap, st, t0, a0, t1, hi, t0 == first, vg,
-                        cv, nv, type);
+                        cv, nv, type, wide, widen, widen_keys);
             continue;
         }
         tile_fetch(c, a0, t1, ng);

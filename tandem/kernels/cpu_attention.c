@@ -33,10 +33,10 @@
  * by head, 32 heads of 64 float16 numbers put each row a 4 KB page apart, which the hardware
  * prefetchers do not follow: without the fetch, 1.7x slower at depth 4,096 for float16 and 1.6x
  * for q8_0; a q8_0 decode also asks for the next tile head by head: attention_tile.h's
- * head_fetch). A decode whose layer of keys and values outgrows the caches (STREAM_BYTES)
- * streams instead: every head's scores, then every head's value sums, with the next half tile
- * asked for meanwhile (attention_pass.h's phased_tile), 1.15-1.3x faster at depth 4,096 on
- * the 1.7B shape, the same bits. Rows with the same keys (one query's heads) add
+ * head_fetch). A decode or short verification whose layer of keys and values outgrows the
+ * caches (STREAM_BYTES, STREAM_ROWS) streams instead: every head's scores, then every head's
+ * value sums, with the next half tile asked for meanwhile (attention_pass.h's phased_tile),
+ * 1.15-1.3x faster at depth 4,096 on the 1.7B shape, the same bits. Rows with the same keys (one query's heads) add
  * up their value rows together, and a row's value sums run as two interleaved chains where it
  * has few vectors, so the adds do not wait on each other. Work items (a request's queries,
  * QUERY_CHUNK or, in long prompts, WIDE_CHUNK at a time) spread over torch's OpenMP threads, so
@@ -63,10 +63,14 @@ typedef struct {
  * full chunk beside a short one) would otherwise leave threads idle. */
 #define ITEMS_PER_THREAD 4
 
-/* A request whose layer of keys and values takes at least this many bytes is decoded in phases
- * that stream the cache (attention_pass.h's phased_tile); below it, read from the L2 or a shared
- * L3, a tile asked for in one burst is 3-10% faster. */
+/* A request of up to STREAM_ROWS rows a KV head (a decode, a short verification: few
+ * multiply-adds a byte of cache) whose layer of keys and values takes at least STREAM_BYTES
+ * runs in phases that stream the cache (attention_pass.h's phased_tile). Below that size, read
+ * from the L2 or a shared L3, a tile asked for in one burst is 5-10% faster; above those rows
+ * (a Qwen3-8B-shaped verification of 9: 36 rows a KV head) the compute hides the burst, and
+ * the phases cost 5% (benchmarks/LOG.md). */
 #define STREAM_BYTES ((int64_t)4 << 20)
+#define STREAM_ROWS 16
 
 /* A scratch of at least `bytes`, 64-byte aligned, kept by the calling thread from one call to
  * the next (the passes' state is a few hundred KB: allocated afresh, it would be mapped and
@@ -193,7 +197,7 @@ int tandem_paged_attention(const float *q, int64_t q_stride, const void *k_cache
         const parts_t parts = {pm + at, pm + split_rows + at, pa + at * nv, chunks};
         cache_t c = cache;
         c.slots = kv_slots + w.r * lmax;
-        c.stream = slen * hkv * c.rb * 2 >= STREAM_BYTES;
+        c.stream = qlen * (h / hkv) <= STREAM_ROWS && slen * hkv * c.rb * 2 >= STREAM_BYTES;
         attend_queries(q, q_stride, &c, out, req[3 * w.r], w.i0, w.i1, w.g0, w.g1, qlen, slen,
                        h, d, scale, window, softcap, w.chunk, &parts, st);
     }

@@ -145,10 +145,12 @@ def test_a_tile_widened_for_many_rows_keeps_a_decode_rows_bits(fused, name, h, h
 @pytest.mark.parametrize("name", ["float32", "float16", "q8_0"])
 @pytest.mark.parametrize("h,hkv", [(8, 8), (16, 4)])
 def test_a_decode_that_streams_its_cache_keeps_the_bits(fused, name, h, hkv):
-    """A request whose layer of keys and values outgrows the caches (4 MB: cpu_attention.c's
-    STREAM_BYTES; 6 MB here) decodes in phases that stream the cache (every head's scores, then
-    every head's values, the next rows asked for meanwhile): each query still has the bits it has
-    in a verification of many rows (the widened tile), on 1 and 2 threads, and matches float64."""
+    """A decode or verification of up to 16 rows a KV head whose layer of keys and values
+    outgrows the caches (4 MB: cpu_attention.c's STREAM_BYTES; 6 MB here) runs in phases that
+    stream the cache (every head's scores, then every head's values, the next rows asked for
+    meanwhile): each query has the same bits decoded alone, in a verification of 8 (a widened
+    tile; phased with 8 rows a KV head, not with 32) and at the end of a prefill chunk of 24
+    (widened, each tile fetched whole first), on 1 and 2 threads, and matches float64."""
     fmt = FORMATS[name]
     g = torch.Generator().manual_seed(4)
     block, d, qlen = 16, 64, 8
@@ -171,6 +173,8 @@ def test_a_decode_that_streams_its_cache_keeps_the_bits(fused, name, h, hkv):
         for threads in (1, 2):
             torch.set_num_threads(threads)
             many, _ = attend([qlen], [depth], q)  # qlen * h / hkv >= 8 rows a KV head: widened
+            chunk, _ = attend([3 * qlen], [depth], torch.cat([torch.randn(2 * qlen, h, d), q]))
+            assert torch.equal(chunk[2 * qlen:], many), threads
             for i in range(qlen):
                 alone, meta = attend([1], [depth - qlen + 1 + i], q[i:i + 1])
                 assert torch.equal(alone[0], many[i]), (threads, i)
