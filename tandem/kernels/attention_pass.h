@@ -35,52 +35,6 @@ static inline __attribute__((always_inline)) void head_values(
     }
 }
 
-/* One tile of keys a0 .. t1 (at t0) for a pass of few rows a KV head (a decode, a short
- * verification) whose cache streams from the memory (cache_t.stream; a verification's KV
- * heads widened as attend_rows does), in two phases: every head's scores and weights,
- * then every head's value sums. The tile's keys were asked of the memory during the last
- * tile's values (at once, for a pass's first tile), its values are asked for during its
- * scores, and the next tile's keys during its values, a head's share after each head: so the
- * memory streams while the core computes, and no more than half a tile is in flight beside
- * the half being read (a whole next tile in flight evicted this one: tile_fetch). A burst of
- * the whole tile before its heads left the memory idle while they were computed: on a Zen 4,
- * one query of the 1.7B shape at 16,384 keys of float16 (134 MB a layer) took 1.5x the time,
- * and the model's decode at depth 4,096 ran 1.15-1.3x slower (benchmarks/LOG.md). Each row's
- * arithmetic is attend_rows's, in its order, so the same bits. */
-static inline __attribute__((always_inline)) void phased_tile(
-        const row_t *rows, const int *gs, int ng, const cache_t *c, float scale, float softcap,
-        pass_t *st, int64_t t0, int64_t a0, int64_t t1, int64_t hi, int first, int vg,
-        const int cv, const int nv, const int type, const int wide, widen_fn widen,
-        widen_fn widen_keys) {
-    const int64_t n0 = t1 + 1, n1 = t1 + KEY_TILE < hi ? t1 + KEY_TILE : hi;  /* the next tile */
-    if (first) stream_fetch(c, c->k, a0, t1, ng, 0, 1);
-    for (int h = 0; h < ng; h++) {
-        const int r0 = gs[h], r1 = gs[h + 1];
-        tile_rows(st->k, c, c->k, t0, a0, t1, h);
-        if (wide) {  /* as attend_rows: the keys through the float32 buffer */
-            widen_keys(st->k, st->wide, t0, a0, t1, nv);
-            wide_scores(rows + r0, r1 - r0, st, a0, t1, t0, scale, softcap,
-                        st->s + r0 * TILE_STRIDE, nv);
-        } else {
-            for (int i = r0; i < r1; i += SCORE_ROWS)
-                tile_scores(rows + i, r1 - i < SCORE_ROWS ? r1 - i : SCORE_ROWS, st->k, a0, t1,
-                            t0, scale, softcap, st->s + i * TILE_STRIDE, nv, type);
-        }
-        stream_fetch(c, c->v, a0, t1, ng, h, ng);
-        for (int i = r0; i < r1; i++) {
-            st->a[i] = rows[i].lo > t0 ? rows[i].lo : t0;
-            st->b[i] = rows[i].hi < t1 ? rows[i].hi : t1;
-            if (st->a[i] <= st->b[i]) tile_weights(st, i, t0);
-        }
-    }
-    for (int h = 0; h < ng; h++) {
-        tile_rows(st->v, c, c->v, t0, a0, t1, h);
-        if (n0 <= n1) stream_fetch(c, c->k, n0, n1, ng, h, ng);
-        if (wide) widen(st->v, st->wide, t0, a0, t1, nv);
-        head_values(st, gs[h], gs[h + 1], t0, vg, cv, nv, wide ? KV_F32 : type);
-    }
-}
-
 /* Rows 0 .. nr - 1 (nr <= PASS_ROWS, each clipped to one chunk of keys; a row with lo > hi has
  * none there) against their keys, tile by tile, from a fresh state. The rows come in ng groups,
  * group h (rows gs[h] .. gs[h + 1] - 1) of KV head c->g + h. Leaves each row's partial in st: its
@@ -106,21 +60,40 @@ static inline __attribute__((always_inline)) void attend_rows(
     const int cv = nv < VALUE_VECS ? nv : VALUE_VECS;  /* the sums' vectors, a chunk at a time */
     int vg = VALUE_ACCS / (split * cv);
     vg = vg < 1 ? 1 : vg > VALUE_ROWS ? VALUE_ROWS : vg;
+    /* A tile's steps: each head's scores and weights (phase A), each head's value sums (B).
+     * From the caches, head by head, A then B, after a burst of the whole tile (tile_fetch).
+     * Where the cache streams from the memory (cache_t.stream: a decode or short verification
+     * of a long request), every head's A, then every head's B: the tile's keys were asked of
+     * the memory during the last tile's B (at once for a pass's first tile), its values are
+     * asked for during its A and the next tile's keys during its B, a head's share after each
+     * head (stream_fetch), so the memory works while the core computes and no more than half
+     * a tile is in flight beside the half being read (a whole next tile in flight evicted this
+     * one). The burst left the memory idle while the heads were computed: one float16 query
+     * of the 1.7B shape at 16,384 keys (134 MB a layer) took 1.5x the time on a Zen 4, and the
+     * model's decode at depth 4,096 ran 1.15-1.3x slower (benchmarks/LOG.md). Each row's
+     * arithmetic is the same in either order, so the same bits. One call site per step keeps
+     * the code compiled per format and head size from doubling. */
+    const int stream = c->stream;
     const int64_t first = lo - lo % KEY_TILE;
     for (int64_t t0 = first; t0 <= hi; t0 += KEY_TILE) {
         int64_t t1 = t0 + KEY_TILE - 1 < hi ? t0 + KEY_TILE - 1 : hi, a0 = t0 > lo ? t0 : lo;
-        if (c->stream) {  /* a decode or verification whose cache streams from the memory */
-            phased_tile(rows, gs, ng, c, scale, softcap, st, t0, a0, t1, hi, t0 == first, vg,
-                        cv, nv, type, wide, widen, widen_keys);
-            continue;
-        }
-        tile_fetch(c, a0, t1, ng);
-        for (int h = 0; h < ng; h++) {
-            const int r0 = gs[h], r1 = gs[h + 1];
-            tile_head(st, c, t0, a0, t1, h);
-            if (fetch_ahead(type) && !wide && t1 < hi)  /* the next tile's rows of this head */
-                head_fetch(c, t1 + 1, t1 + KEY_TILE < hi ? t1 + KEY_TILE : hi, h);
-            if (wide) {  /* the keys, then (below) the values, through one float32 buffer */
+        const int64_t n0 = t1 + 1, n1 = t1 + KEY_TILE < hi ? t1 + KEY_TILE : hi; /* next tile */
+        if (!stream) tile_fetch(c, a0, t1, ng);
+        else if (t0 == first) stream_fetch(c, c->k, a0, t1, ng, 0, 1);
+        for (int step = 0; step < 2 * ng; step++) {
+            const int values = stream ? step >= ng : step & 1;
+            const int h = stream ? step % ng : step / 2, r0 = gs[h], r1 = gs[h + 1];
+            if (values) {
+                tile_rows(st->v, c, c->v, t0, a0, t1, h);
+                if (stream && n0 <= n1) stream_fetch(c, c->k, n0, n1, ng, h, ng);
+                if (wide) widen(st->v, st->wide, t0, a0, t1, nv);
+                head_values(st, r0, r1, t0, vg, cv, nv, wide ? KV_F32 : type);
+                continue;
+            }
+            tile_rows(st->k, c, c->k, t0, a0, t1, h);
+            if (fetch_ahead(type) && !wide && !stream && t1 < hi)  /* next tile's rows, head h */
+                head_fetch(c, n0, n1, h);
+            if (wide) {  /* the keys, then (B) the values, through one float32 buffer */
                 widen_keys(st->k, st->wide, t0, a0, t1, nv);
                 wide_scores(rows + r0, r1 - r0, st, a0, t1, t0, scale, softcap,
                             st->s + r0 * TILE_STRIDE, nv);
@@ -129,13 +102,12 @@ static inline __attribute__((always_inline)) void attend_rows(
                     tile_scores(rows + i, r1 - i < SCORE_ROWS ? r1 - i : SCORE_ROWS, st->k, a0,
                                 t1, t0, scale, softcap, st->s + i * TILE_STRIDE, nv, type);
             }
+            if (stream) stream_fetch(c, c->v, a0, t1, ng, h, ng);
             for (int i = r0; i < r1; i++) {
                 st->a[i] = rows[i].lo > t0 ? rows[i].lo : t0;
                 st->b[i] = rows[i].hi < t1 ? rows[i].hi : t1;
                 if (st->a[i] <= st->b[i]) tile_weights(st, i, t0);
             }
-            if (wide) widen(st->v, st->wide, t0, a0, t1, nv);
-            head_values(st, r0, r1, t0, vg, cv, nv, wide ? KV_F32 : type);
         }
     }
     if (split == 2)

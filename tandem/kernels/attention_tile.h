@@ -50,20 +50,11 @@ typedef struct {
     const int64_t *slots;
     int64_t hkv, g, rb;
     int type;
-    int stream;  /* the request's cache outgrows the caches: a decode streams it (phased_tile) */
+    int stream;  /* the request's cache outgrows the caches: a decode streams it (attend_rows) */
 } cache_t;
 
-/* st->k, st->v pointed at the cache rows of keys a .. t1 of the tile at t0, KV head c->g + h. */
-static inline void tile_head(pass_t *st, const cache_t *c, int64_t t0, int64_t a, int64_t t1,
-                             int h) {
-    for (int64_t j = a; j <= t1; j++) {
-        const int64_t off = (c->slots[j] * c->hkv + c->g + h) * c->rb;
-        st->k[j - t0] = (const uint8_t *)c->k + off;
-        st->v[j - t0] = (const uint8_t *)c->v + off;
-    }
-}
-
-/* As tile_head for one of the two: p[j - t0] at the rows of `base` (c->k or c->v). */
+/* p[j - t0] pointed at the cache rows of keys a .. t1 of the tile at t0, KV head c->g + h, of
+ * `base` (c->k or c->v). */
 static inline void tile_rows(const uint8_t **p, const cache_t *c, const char *base, int64_t t0,
                              int64_t a, int64_t t1, int h) {
     for (int64_t j = a; j <= t1; j++)
@@ -77,7 +68,7 @@ static inline void tile_rows(const uint8_t **p, const cache_t *c, const char *ba
  * hardware's prefetchers do not follow. Asking for the whole next tile while this one is
  * computed instead (into L1 or L2, spread over the heads, or in one burst) was slower: the
  * tile's own rows then wait behind it (benchmarks/LOG.md); a decode whose cache streams from
- * the memory asks for half a tile ahead instead (attention_pass.h's phased_tile). */
+ * the memory asks for half a tile ahead instead (attention_pass.h's attend_rows). */
 static inline void tile_fetch(const cache_t *c, int64_t a, int64_t b, int ng) {
     const int64_t per_key = ng * c->rb;
     for (int64_t j = a; j <= b; j++) {
@@ -91,7 +82,7 @@ static inline void tile_fetch(const cache_t *c, int64_t a, int64_t b, int ng) {
 }
 
 /* KV head c->g + h's rows of keys a .. b, keys and values, asked of the memory. A q8_0 decode
- * below cache_t.stream's size (above it, phased_tile streams every format) asks for the next
+ * below cache_t.stream's size (above it, attend_rows streams every format) asks for the next
  * tile's rows so, head by head while this tile's heads are computed, on top of tile_fetch's
  * burst: a q8_0 row takes more instructions a byte to widen than a 16-bit one, so
  * after a burst its tile's compute left the memory idle longer. On a Zen 5 a q8_0 decode at
@@ -112,7 +103,7 @@ static inline void head_fetch(const cache_t *c, int64_t a, int64_t b, int h) {
 /* Part `part` of `parts` of the cache lines of keys a .. b's rows for KV heads c->g ..
  * c->g + ng - 1, of the keys (base c->k) or the values (c->v), asked of the memory in address
  * order: a streaming decode asks for the next half tile so, a head's share after each head's
- * compute (attention_pass.h's phased_tile). */
+ * compute (attention_pass.h's attend_rows). */
 static inline void stream_fetch(const cache_t *c, const char *base, int64_t a, int64_t b, int ng,
                                 int part, int parts) {
     const int64_t per_key = ng * c->rb, lines = (per_key + 63) / 64, n = (b - a + 1) * lines;

@@ -35,7 +35,7 @@
  * for q8_0; a q8_0 decode also asks for the next tile head by head: attention_tile.h's
  * head_fetch). A decode or short verification whose layer of keys and values outgrows the
  * caches (STREAM_BYTES, STREAM_ROWS) streams instead: every head's scores, then every head's
- * value sums, with the next half tile asked for meanwhile (attention_pass.h's phased_tile),
+ * value sums, with the next half tile asked for meanwhile (attention_pass.h's attend_rows),
  * 1.15-1.3x faster at depth 4,096 on the 1.7B shape, the same bits. Rows with the same keys (one query's heads) add
  * up their value rows together, and a row's value sums run as two interleaved chains where it
  * has few vectors, so the adds do not wait on each other. Work items (a request's queries,
@@ -65,7 +65,7 @@ typedef struct {
 
 /* A request of up to STREAM_ROWS rows a KV head (a decode, a short verification: few
  * multiply-adds a byte of cache) whose layer of keys and values takes at least STREAM_BYTES
- * runs in phases that stream the cache (attention_pass.h's phased_tile). Below that size, read
+ * runs in phases that stream the cache (attention_pass.h's attend_rows). Below that size, read
  * from the L2 or a shared L3, a tile asked for in one burst is 5-10% faster; above those rows
  * (a Qwen3-8B-shaped verification of 9: 36 rows a KV head) the compute hides the burst, and
  * the phases cost 5% (benchmarks/LOG.md). */
