@@ -50,7 +50,7 @@ typedef struct {
     const int64_t *slots;
     int64_t hkv, g, rb;
     int type;
-    int stream;  /* the request's cache outgrows the caches: a decode streams it (attend_rows) */
+    int stream;  /* a decode or short verification of a cache that outgrows the caches */
 } cache_t;
 
 /* p[j - t0] pointed at the cache rows of keys a .. t1 of the tile at t0, KV head c->g + h, of

@@ -36,11 +36,11 @@
  * head_fetch). A decode or short verification whose layer of keys and values outgrows the
  * caches (STREAM_BYTES, STREAM_ROWS) streams instead: every head's scores, then every head's
  * value sums, with the next half tile asked for meanwhile (attention_pass.h's attend_rows),
- * 1.15-1.3x faster at depth 4,096 on the 1.7B shape, the same bits. Rows with the same keys (one query's heads) add
- * up their value rows together, and a row's value sums run as two interleaved chains where it
- * has few vectors, so the adds do not wait on each other. Work items (a request's queries,
- * QUERY_CHUNK or, in long prompts, WIDE_CHUNK at a time) spread over torch's OpenMP threads, so
- * one long prefill uses every core.
+ * 1.15-1.3x faster at depth 4,096 on the 1.7B shape, the same bits. Rows with the same keys
+ * (one query's heads) add up their value rows together, and a row's value sums run as two
+ * interleaved chains where it has few vectors, so the adds do not wait on each other. Work
+ * items (a request's queries, QUERY_CHUNK or, in long prompts, WIDE_CHUNK at a time) spread
+ * over torch's OpenMP threads, so one long prefill uses every core.
  */
 #include <stdint.h>
 #include <stdlib.h>
