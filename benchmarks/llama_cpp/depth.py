@@ -8,8 +8,8 @@ FILE defaults to the SmolLM2-1.7B-shaped Q4_K_M (files.py --large: larger than a
 - decode: llama-bench `-n 64 -d D -fa 1 -ctk F -ctv F` (64 tokens after a context of D) against
   tandem decoding 64 greedy tokens after a D-token prompt, `kv_cache_dtype` F (f16 = float16),
   its generation rate (the tokens after the first).
-- prefill: llama-bench `-p P -n 0` (f16 cache) against tandem's time to the first token of a
-  P-token prompt (one request, max_tokens 1), tokens/s.
+- prefill: llama-bench `-p P -n 0 -fa 1 -ctk F -ctv F` against tandem's time to the first token
+  of a P-token prompt (one request, max_tokens 1), tokens/s, per format.
 In each round the two engines alternate, format by format. Threads: both sides --threads.
 """
 
@@ -88,12 +88,13 @@ def main() -> None:
                 note(f"tandem decode d{depth} {f}", got["generation_tokens_per_s"])
         for n in args.prefill:
             ids = tandem_prompt(tok, n)
-            f = args.formats[0]
-            note(f"llama prefill {n} {f}", llama_bench(
-                file, args.threads, ["-p", str(n), "-n", "0", "-fa", "1", "-ctk", f, "-ctv", f]))
-            t0 = time.perf_counter()
-            run_batch(llms[f].llm_engine, ids, first, f"p{n}-{r}")
-            note(f"tandem prefill {n} {f}", n / (time.perf_counter() - t0))
+            for f in args.formats:
+                note(f"llama prefill {n} {f}", llama_bench(
+                    file, args.threads, ["-p", str(n), "-n", "0", "-fa", "1", "-ctk", f, "-ctv",
+                                         f]))
+                t0 = time.perf_counter()
+                run_batch(llms[f].llm_engine, ids, first, f"p{n}-{f}-{r}")
+                note(f"tandem prefill {n} {f}", n / (time.perf_counter() - t0))
     med = {k: statistics.median(v) for k, v in rates.items()}
     info, _ = lscpu()
     print(f"\n{info.get('Model name')} (family {info.get('CPU family')} model "
@@ -108,14 +109,15 @@ def main() -> None:
         print(f"tandem decode depth {hi} / depth {lo}, {f}: "
               f"{med[f'tandem decode d{hi} {f}'] / med[f'tandem decode d{lo} {f}']:.2f}x "
               f"(llama.cpp {med[f'llama decode d{hi} {f}'] / med[f'llama decode d{lo} {f}']:.2f}x)")
-    for n in args.prefill:
-        f = args.formats[0]
-        t, ll = med[f"tandem prefill {n} {f}"], med[f"llama prefill {n} {f}"]
-        print(f"prefill {n}: tandem {t:.1f}, llama.cpp {ll:.1f} tok/s ({t / ll:.2f}x)")
     lo, hi = min(args.prefill), max(args.prefill)
-    f = args.formats[0]
-    print(f"tandem prefill {hi} / {lo}: "
-          f"{med[f'tandem prefill {hi} {f}'] / med[f'tandem prefill {lo} {f}']:.2f}x")
+    for f in args.formats:
+        for n in args.prefill:
+            t, ll = med[f"tandem prefill {n} {f}"], med[f"llama prefill {n} {f}"]
+            print(f"prefill {n}, {f} cache: tandem {t:.1f}, llama.cpp {ll:.1f} tok/s "
+                  f"({t / ll:.2f}x)")
+        print(f"tandem prefill {hi} / {lo}, {f}: "
+              f"{med[f'tandem prefill {hi} {f}'] / med[f'tandem prefill {lo} {f}']:.2f}x "
+              f"(llama.cpp {med[f'llama prefill {hi} {f}'] / med[f'llama prefill {lo} {f}']:.2f}x)")
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = RESULTS / "depth.json"
     out.write_text(json.dumps({"cpu": info.get("Model name"), "family": info.get("CPU family"),

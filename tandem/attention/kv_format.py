@@ -8,7 +8,10 @@ A cache row is one token's keys (or values) for one KV head: D numbers. Stored a
   q = round(x / d) (ties to even), 34 bytes per 32 (D must be a multiple of 32).
 The cache tensors are [num_slots, Hkv, row_elems] of `storage`; the C kernels (kernels/kv_format.h)
 write and read every format in registers, and `store`/`load` here are the same arithmetic in
-torch (the reference path, and the tests' reference), bit for bit.
+torch (the reference path, and the tests' reference), bit for bit. Against a q8_0 cache the
+CPU kernel quantizes each query as the keys are (a float32 scale per 32, int8 numbers) and
+takes the scores as integer dot products, as llama.cpp does (kernels/attention_q8.h); `query`
+gives the query it so multiplies, and the reference path multiplies the same.
 
 Why q8_0 for the 8-bit integer form: llama.cpp's name and layout (`-ctk q8_0`), which users
 comparing the two engines already know, and a scale per 32 numbers, which follows a row's
@@ -52,6 +55,18 @@ class KVFormat:
         q = torch.round(blocks * inv).clamp_(-127, 127).to(torch.int8)     # ties to even
         out = torch.cat((d.view(torch.uint8), q.view(torch.uint8)), -1)    # [..., D/32, 34]
         return out.reshape(*x.shape[:-1], -1)
+
+    def query(self, q: torch.Tensor) -> torch.Tensor:
+        """q [..., D] -> the query the kernels' scores multiply: q itself, or against q8_0 its
+        blocks of 32 quantized (dq = max|q| / 127 in float32, int8 round(q / dq), ties to
+        even) and multiplied back, in float64 (exact)."""
+        if self.name != "q8_0":
+            return q
+        blocks = q.float().reshape(*q.shape[:-1], -1, Q8_BLOCK)            # [..., D/32, 32]
+        dq = blocks.abs().amax(-1, keepdim=True) / 32767                     # [..., D/32, 1]
+        inv = torch.where(dq > 0, 1.0 / dq, torch.zeros_like(dq))
+        qi = torch.round(blocks * inv).clamp_(-32767, 32767)
+        return (qi.double() * dq.double()).reshape(q.shape)
 
     def load(self, rows: torch.Tensor) -> torch.Tensor:
         """[..., row_elems] rows of this format -> [..., D] float32."""

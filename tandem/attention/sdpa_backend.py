@@ -45,6 +45,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         if cpu_kernels.paged_attention(q, k_cache, v_cache, out, meta.requests, meta.kv_slots,
                                        scale, sliding_window, softcap):
             return out  # every request in one call, straight from the cache (kernels/cpu.py)
+    q = format_of(k_cache).query(q).to(q.dtype)  # a q8_0 cache's scores: q quantized, as there
     groups = meta.groups
     if len(groups) == 1 and groups[0].uniform:
         return _attend(q, k_cache, v_cache, groups[0], scale, sliding_window, softcap)

@@ -8,6 +8,7 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "attention_q8.h"
 #include "attention_tile.h"
 #include "attention_wide.h"
 
@@ -74,6 +75,7 @@ static inline __attribute__((always_inline)) void attend_rows(
      * arithmetic is the same in either order, so the same bits. One call site per step keeps
      * the code compiled per format and head size from doubling. */
     const int stream = c->stream;
+    const int q8 = (wide ? c->type : type) == KV_Q8_0;  /* the wide pass takes every format */
     const int64_t first = lo - lo % KEY_TILE;
     for (int64_t t0 = first; t0 <= hi; t0 += KEY_TILE) {
         int64_t t1 = t0 + KEY_TILE - 1 < hi ? t0 + KEY_TILE - 1 : hi, a0 = t0 > lo ? t0 : lo;
@@ -93,7 +95,13 @@ static inline __attribute__((always_inline)) void attend_rows(
             tile_rows(st->k, c, c->k, t0, a0, t1, h);
             if (fetch_ahead(type) && !wide && !stream && t1 < hi)  /* next tile's rows, head h */
                 head_fetch(c, n0, n1, h);
-            if (wide) {  /* the keys, then (B) the values, through one float32 buffer */
+            if (q8) {  /* a q8_0 cache's scores in integers, for every kind of pass */
+                int32_t *kt = (int32_t *)st->wide;  /* [D / 2][KEY_TILE] */
+                float *dk = st->wide + KEY_TILE * nv * LANES / 2;  /* [D / 32][KEY_TILE] */
+                q8_keys(st->k, kt, dk, t0, a0, t1, nv * LANES / 32);
+                q8_scores(st, r0, r1, kt, dk, a0, t1, t0, scale, softcap,
+                          st->s + r0 * TILE_STRIDE, nv * LANES / 32);
+            } else if (wide) {  /* the keys, then (B) the values, through one float32 buffer */
                 widen_keys(st->k, st->wide, t0, a0, t1, nv);
                 wide_scores(rows + r0, r1 - r0, st, a0, t1, t0, scale, softcap,
                             st->s + r0 * TILE_STRIDE, nv);
@@ -189,6 +197,7 @@ static void run_pass(const row_t *rows, const int64_t *index, int nr, const int 
             for (int e = 0; e < nv; e++) st->run[(size_t)r * nv + e] = (vf){0};
         }
     }
+    if (c->type == KV_Q8_0) q8_queries(rows, nr, st, (int64_t)nv * LANES);
     for (int64_t ck = c0; ck <= c1; ck++) {
         const int64_t ka = ck * CHUNK_KEYS, kb = ka + CHUNK_KEYS - 1;
         for (int r = 0; r < nr; r++) {

@@ -41,6 +41,8 @@ typedef struct {
     float s[PASS_ROWS * TILE_STRIDE];  /* row i's score (then weight) of key j: s[i][j - t0] */
     const uint8_t *k[KEY_TILE], *v[KEY_TILE];  /* one KV head's key and value rows */
     float *wide;                       /* [KEY_TILE][D]: a widened tile (attention_wide.h) */
+    int16_t qq[PASS_ROWS * MAX_HEAD_DIM];  /* a q8_0 cache's queries, quantized (attention_q8.h) */
+    float qd[PASS_ROWS * MAX_HEAD_DIM / 32];  /* their scales */
     vf acc[];                          /* [PASS_ROWS][2][nv] */
 } pass_t;
 

@@ -5,7 +5,8 @@
  * as for any tile. The numbers are the cache's own (widened exactly) and every sum runs in the
  * order of attention_tile.h's functions, so each row has the bits it has in a decode, where a
  * tile is widened in registers row group by row group. attention_pass.h compiles such a pass
- * once per head size, not per cache format: only the widening knows the format. */
+ * once per head size, not per cache format: only the widening knows the format (and a q8_0
+ * cache's keys go to attention_q8.h's integer scores instead, as in every pass). */
 #ifndef TANDEM_ATTENTION_WIDE_H
 #define TANDEM_ATTENTION_WIDE_H
 #include <stdint.h>

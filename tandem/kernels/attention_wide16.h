@@ -58,7 +58,6 @@ WIDEN_T(KV_BF16)
 WIDEN_T(KV_F16)
 WIDEN_T(KV_FP8_E4M3)
 WIDEN_T(KV_FP8_E5M2)
-WIDEN_T(KV_Q8_0)
 #undef WIDEN_T
 
 static widen_fn widen_keys_of(int type) {
@@ -68,7 +67,7 @@ static widen_fn widen_keys_of(int type) {
     case KV_F16: return widen_t_KV_F16;
     case KV_FP8_E4M3: return widen_t_KV_FP8_E4M3;
     case KV_FP8_E5M2: return widen_t_KV_FP8_E5M2;
-    default: return widen_t_KV_Q8_0;
+    default: return NULL;  /* q8_0: integer scores (attention_q8.h) */
     }
 }
 

@@ -19,7 +19,8 @@
  * The cache holds its rows in its format (kv_format.h: float32, 16-bit, fp8 or q8_0), read
  * once, in that type, and widened to float32 exactly in registers where they are used
  * (attention_tile.h), so the arithmetic above is the same for every format, on the values the
- * cache holds.
+ * cache holds; but a q8_0 cache's scores are integer dot products of its int8 keys and the
+ * query quantized per block to int16, times both scales (attention_q8.h), in every kind of pass.
  *
  * Speed: a pass takes up to PASS_ROWS rows: the rows of as many consecutive KV heads as fit
  * (for a decode, every head of the query), else one KV head's rows (its query heads, of up to

@@ -106,7 +106,7 @@ def test_attention_reads_each_format_at_every_depth(fused, name):
                 assert torch.equal(outs[0], out[0]), (depth, threads)
             assert torch.equal(alone[1], alone[2]) and torch.equal(alone[1], alone[5])
             slots = meta.kv_slots[0, :depth]
-            want = _reference(q[0], kl[slots], vl[slots], depth - 1)
+            want = _reference(fmt.query(q[0]), kl[slots], vl[slots], depth - 1)
             torch.testing.assert_close(alone[1].double(), want, rtol=0, atol=2e-5)
     finally:
         torch.set_num_threads(before)
@@ -181,8 +181,42 @@ def test_a_decode_that_streams_its_cache_keeps_the_bits(fused, name, h, hkv):
     finally:
         torch.set_num_threads(before)
     slots = meta.kv_slots[0, :depth]
-    want = _reference(q[-1], fmt.load(kc)[slots], fmt.load(vc)[slots], depth - 1)
+    want = _reference(fmt.query(q[-1]), fmt.load(kc)[slots], fmt.load(vc)[slots], depth - 1)
     torch.testing.assert_close(alone[0].double(), want, rtol=0, atol=2e-5)
+
+
+def test_a_q8_0_cache_scores_the_query_quantized_per_block(fused):
+    """Against a q8_0 cache the kernel quantizes each query per 32 numbers (int16, a float32
+    scale: attention_q8.h) and sums exact integer products: decoded, and among a prefill's
+    rows, it matches float64 on the quantized query (kv_format.py's `query`), with a block of
+    zeros and a block whose one huge number rounds its neighbours to 0 and beyond."""
+    fmt = FORMATS["q8_0"]
+    g = torch.Generator().manual_seed(5)
+    h, hkv, d, block, depth = 4, 2, 128, 16, 700
+    table = list(range(1, depth // block + 2))
+    k = torch.randn((len(table) + 1) * block, hkv, d, generator=g)
+    kc, vc = fmt.store(k), fmt.store(torch.randn(k.shape, generator=g))
+    q = torch.randn(24, h, d, generator=g)
+    q[-1, 0, :32] = 0                  # a block of zeros: scale 0
+    q[-1, 1, 32:64] = 1e-3 * torch.randn(32, generator=g)
+    q[-1, 1, 40] = 50.0                # its neighbours round to a step or two of 50 / 32767
+    q[-1, 2, 64:96] = 1e-30            # a tiny block: its scale underflows to a subnormal
+    q[-1, 3, 100] = 3e4                # a huge number: the head's weights one key's
+    outs = []
+    for rows in (q[-1:], q):           # decoded alone; the last of a 24-row prefill (widened)
+        meta = build_attention_metadata([rows.shape[0]], [depth], [table], block,
+                                        torch.device("cpu"))
+        out = torch.empty(rows.shape)
+        assert cpu_kernels.paged_attention(rows, kc, vc, out, meta.requests, meta.kv_slots,
+                                           d ** -0.5, None)
+        outs.append(out[-1])
+    assert torch.equal(outs[0], outs[1])
+    slots = meta.kv_slots[0, :depth]
+    kl, vl = fmt.load(kc)[slots], fmt.load(vc)[slots]
+    want = _reference(fmt.query(q[-1]), kl, vl, depth - 1)
+    torch.testing.assert_close(outs[0].double(), want, rtol=0, atol=1e-6)
+    plain = _reference(q[-1], kl, vl, depth - 1)  # the query unquantized: off in head 1
+    assert (outs[0][1].double() - plain[1]).abs().max() > 1e-5
 
 
 @pytest.fixture(scope="module")
