@@ -95,7 +95,10 @@ static inline __attribute__((always_inline)) void attend_rows(
             tile_rows(st->k, c, c->k, t0, a0, t1, h);
             if (fetch_ahead(type) && !wide && !stream && t1 < hi)  /* next tile's rows, head h */
                 head_fetch(c, n0, n1, h);
-            if (q8) {  /* a q8_0 cache's scores in integers, for every kind of pass */
+            if (q8 && r1 - r0 <= Q8_IN_PLACE) {  /* a q8_0 cache's scores (attention_q8.h) */
+                q8_scores_rows(st, r0, r1, st->k, a0, t1, t0, scale, softcap,
+                               st->s + r0 * TILE_STRIDE, nv * LANES / 32);
+            } else if (q8) {  /* ... the tile laid out once for the head's rows */
                 int32_t *kt = (int32_t *)st->wide;  /* [D / 2][KEY_TILE] */
                 float *dk = st->wide + KEY_TILE * nv * LANES / 2;  /* [D / 32][KEY_TILE] */
                 q8_keys(st->k, kt, dk, t0, a0, t1, nv * LANES / 32);

@@ -3,16 +3,19 @@
  * exact integer dot product i_b = sum q_i k_i of the query's int16 and the key's int8 numbers,
  * and the score sum_b float(i_b) (dk_b dq_b), the blocks added in order. An integer sum is exact
  * in any order, so however it is computed (VNNI's vpdpwssd, vpmaddwd, a scalar loop) a row gets
- * the same bits, on every CPU; and decodes, verifications and prefills all go through the one
- * pair of functions here (q8_keys, q8_scores), so they get the same bits as each other. Two
+ * the same bits, on every CPU; and decodes, verifications and prefills all take their scores so,
+ * so they get the same bits as each other. Two
  * products a lane an instruction against one float32 multiply-add, and no widening of the keys
  * to float32: a 2,048-token prefill's attention 1.28-1.39x faster on a Zen 4, the model's
  * 4,096-token prefill 1.1x (benchmarks/LOG.md). The query's rounding (2^-16 of its block's
  * largest number) moves the accuracy figures by nothing measurable; int8 queries (llama.cpp's
  * choice, vpdpbusd at twice the rate) moved SmolLM2's mean log-probability by a quarter more.
- * Each tile's keys are laid out once, transposed: a dword (2 numbers) of LANES keys a vector,
- * their scales beside them. The values keep every format's float32 arithmetic. Included by
- * attention_pass.h only. */
+ * Where a KV head has 3 rows or more in a pass, its tile's keys are laid out once, transposed:
+ * a dword (2 numbers) of LANES keys a vector, their scales beside them (q8_keys, q8_scores); a
+ * decode's head of 1 or 2 rows reads its keys in place and sums each key's lanes instead
+ * (q8_scores_rows: the layout cost 0.87-0.97x there). Exact integers either way, added by the
+ * same expression (q8_term): the same bits. The values keep every format's float32 arithmetic.
+ * Included by attention_pass.h only. */
 #ifndef TANDEM_ATTENTION_Q8_H
 #define TANDEM_ATTENTION_Q8_H
 #include <math.h>
@@ -27,6 +30,7 @@
 #define Q8_SR 2
 #endif
 #define Q8_SK 2
+#define Q8_IN_PLACE 2  /* a KV head of at most these rows in a pass reads its keys in place */
 
 /* The LANES x LANES block m transposed in registers (lane x of m[k] to lane k of m[x]): one
  * stage per bit of the index, each swapping that bit between the row and the lane. */
@@ -155,6 +159,12 @@ static inline __attribute__((always_inline)) vi dot2(vi acc, vi kv, vi qb) {
 #endif
 }
 
+/* sum + a block's integer dot products (LANES keys) times the keys' scales dk and the query's
+ * dq: the one expression both layouts below add a block with, so the same rounding. */
+static inline __attribute__((always_inline)) vf q8_term(vf sum, vi dot, vf dk, vf dq) {
+    return sum + __builtin_convertvector(dot, vf) * (dk * dq);
+}
+
 /* Scores of pass rows i .. i + rn - 1 (their quantized queries in st) for gk key vectors from
  * column c (kt, dk as q8_keys left them) into s (row i's scores, TILE_STRIDE apart). */
 static inline __attribute__((always_inline)) void q8_block(
@@ -181,8 +191,8 @@ static inline __attribute__((always_inline)) void q8_block(
         for (int r = 0; r < rn; r++) {
             const vf dq = splat(st->qd[(i + r) * (MAX_HEAD_DIM / 32) + b]);
             for (int g = 0; g < gk; g++)
-                sum[r][g] += __builtin_convertvector(acc[r][g], vf)
-                             * (load(dk + b * KEY_TILE + c + g * LANES) * dq);
+                sum[r][g] = q8_term(sum[r][g], acc[r][g], load(dk + b * KEY_TILE + c + g * LANES),
+                                    dq);
         }
     }
     for (int r = 0; r < rn; r++)
@@ -207,18 +217,97 @@ static __attribute__((noinline)) void q8_scores(const pass_t *st, int r0, int r1
         for (int64_t c = c0; c <= c1; c += LANES * Q8_SK) {
             const int gk = c + LANES <= c1 ? 2 : 1;
 #define BLOCK(RN, GK) q8_block(st, i, RN, kt, dk, c, GK, nb, scale, softcap, si)
-            if (gk == 2) {
-                if (rn == Q8_SR) BLOCK(Q8_SR, 2);
-                else if (rn == 1) BLOCK(1, 2);
-                else if (rn == 2) BLOCK(2, 2);
-                else BLOCK(3, 2);  /* Q8_SR 4 only */
-            } else {
-                if (rn == Q8_SR) BLOCK(Q8_SR, 1);
-                else if (rn == 1) BLOCK(1, 1);
-                else if (rn == 2) BLOCK(2, 1);
-                else BLOCK(3, 1);
-            }
+#if Q8_SR == 4
+#define BLOCKS(GK)                                                                             \
+            if (rn == 4) BLOCK(4, GK);                                                         \
+            else if (rn == 1) BLOCK(1, GK);                                                    \
+            else if (rn == 2) BLOCK(2, GK);                                                    \
+            else BLOCK(3, GK)
+#else
+#define BLOCKS(GK)                                                                             \
+            if (rn == 2) BLOCK(2, GK);                                                         \
+            else BLOCK(1, GK)
+#endif
+            if (gk == 2) BLOCKS(2);
+            else BLOCKS(1);
+#undef BLOCKS
 #undef BLOCK
+        }
+    }
+}
+/* Lane k of the result: the sum of t[k]'s lanes (integers: exact in any order). */
+static inline __attribute__((always_inline)) vi q8_lanes(vi *t) {
+#if LANES == 16
+    vi u[8], w[4], x[2];
+    for (int i = 0; i < 8; i++)
+        u[i] = SH(t[2 * i], t[2 * i + 1], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23)
+             + SH(t[2 * i], t[2 * i + 1], 8, 9, 10, 11, 12, 13, 14, 15,
+                  24, 25, 26, 27, 28, 29, 30, 31);
+    for (int i = 0; i < 4; i++)
+        w[i] = SH(u[2 * i], u[2 * i + 1], 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27)
+             + SH(u[2 * i], u[2 * i + 1], 4, 5, 6, 7, 12, 13, 14, 15,
+                  20, 21, 22, 23, 28, 29, 30, 31);
+    for (int i = 0; i < 2; i++)
+        x[i] = SH(w[2 * i], w[2 * i + 1], 0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29)
+             + SH(w[2 * i], w[2 * i + 1], 2, 3, 6, 7, 10, 11, 14, 15,
+                  18, 19, 22, 23, 26, 27, 30, 31);
+    return SH(x[0], x[1], 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30)
+         + SH(x[0], x[1], 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+#else
+    vi u[4], w[2];
+    for (int i = 0; i < 4; i++)
+        u[i] = SH(t[2 * i], t[2 * i + 1], 0, 1, 2, 3, 8, 9, 10, 11)
+             + SH(t[2 * i], t[2 * i + 1], 4, 5, 6, 7, 12, 13, 14, 15);
+    for (int i = 0; i < 2; i++)
+        w[i] = SH(u[2 * i], u[2 * i + 1], 0, 1, 4, 5, 8, 9, 12, 13)
+             + SH(u[2 * i], u[2 * i + 1], 2, 3, 6, 7, 10, 11, 14, 15);
+    return SH(w[0], w[1], 0, 2, 4, 6, 8, 10, 12, 14) + SH(w[0], w[1], 1, 3, 5, 7, 9, 11, 13, 15);
+#endif
+}
+
+/* The dot product of block b of a q8_0 key row and of a quantized query (int16 [32]), in lanes
+ * (their sum is the block's). */
+static inline __attribute__((always_inline)) vi q8_row_dot(const uint8_t *row, int b,
+                                                          const int16_t *q) {
+    vi acc = {0};
+    for (int x0 = 16 * b; x0 < 16 * b + 16; x0 += LANES) {
+        vi qv;
+        memcpy(&qv, q + 2 * (x0 - 16 * b), sizeof qv);
+        acc = dot2(acc, q8_words(row, x0), qv);
+    }
+    return acc;
+}
+
+/* q8_scores for a pass of few rows a KV head (a decode, a short verification), the keys read
+ * in place: per row, block and key an integer dot product in lanes, their lane sums (q8_lanes)
+ * giving LANES keys' block sums a vector, added as q8_scores adds them (q8_term): the same
+ * bits, without laying out a tile that one or two rows would read. */
+static __attribute__((noinline)) void q8_scores_rows(const pass_t *st, int r0, int r1,
+                                                     const uint8_t *const *krow, int64_t a,
+                                                     int64_t b, int64_t t0, float scale,
+                                                     float softcap, float *s, int nb) {
+    for (int64_t c = (a - t0) & ~(int64_t)(LANES - 1); c <= b - t0; c += LANES) {
+        float dk[MAX_HEAD_DIM / 32][LANES];
+        for (int k = 0; k < LANES; k++) {
+            const int64_t j = t0 + c + k;
+            for (int bb = 0; bb < nb; bb++)
+                dk[bb][k] = j >= a && j <= b ? f16_at(krow[j - t0] + 34 * bb) : 0.0f;
+        }
+        for (int r = r0; r < r1; r++) {
+            vf sum = {0};
+            for (int bb = 0; bb < nb; bb++) {
+                const int16_t *q = st->qq + r * MAX_HEAD_DIM + 32 * bb;
+                vi t[LANES];
+                for (int k = 0; k < LANES; k++) {
+                    const int64_t j = t0 + c + k;
+                    t[k] = j >= a && j <= b ? q8_row_dot(krow[j - t0], bb, q) : (vi){0};
+                }
+                sum = q8_term(sum, q8_lanes(t), load(dk[bb]),
+                              splat(st->qd[r * (MAX_HEAD_DIM / 32) + bb]));
+            }
+            vf sc = sum * scale;
+            if (softcap > 0.0f) sc = vtanh(sc / softcap) * softcap;
+            store(s + (r - r0) * TILE_STRIDE + c, sc);
         }
     }
 }
