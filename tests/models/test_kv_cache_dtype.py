@@ -6,6 +6,8 @@ bad values refused by name; and greedy speculation equal to plain decoding withi
 
 from __future__ import annotations
 
+import platform
+
 import pytest
 import torch
 
@@ -13,6 +15,7 @@ from tandem import LLM, SamplingParams
 from tandem.attention.kv_format import FORMATS, resolve
 from tandem.attention.metadata import build_attention_metadata
 from tandem.kernels import cpu as cpu_kernels
+from models.kernel_builds import library_for_march
 from tiny_models import build_tiny_model
 
 FORMAT_NAMES = sorted(FORMATS)
@@ -187,9 +190,23 @@ def test_a_decode_that_streams_its_cache_keeps_the_bits(fused, name, h, hkv):
 
 def test_a_q8_0_cache_scores_the_query_quantized_per_block(fused):
     """Against a q8_0 cache the kernel quantizes each query per 32 numbers (int16, a float32
-    scale: attention_q8.h) and sums exact integer products: decoded, and among a prefill's
-    rows, it matches float64 on the quantized query (kv_format.py's `query`), with a block of
-    zeros and a block whose one huge number rounds its neighbours to 0 and beyond."""
+    scale: attention_q8.h) and sums exact integer products: decoded (2 rows a KV head: the keys
+    read in place) and among a prefill's rows (a tile laid out for them) the same bits, which
+    match float64 on the quantized query (kv_format.py's `query`), with a block of zeros and
+    blocks whose one large number rounds its neighbours to a step or two."""
+    _check_q8_0_scores()
+
+
+def test_the_plain_c_build_scores_a_q8_0_cache_as_well(monkeypatch):
+    """The same, built for plain x86-64 (the integer products in plain C, as on CPUs with
+    neither AVX2 nor AVX-512)."""
+    if platform.machine() != "x86_64":
+        pytest.skip("the plain-C build is made here on x86")
+    monkeypatch.setitem(cpu_kernels._state, "lib", library_for_march("x86-64"))
+    _check_q8_0_scores()
+
+
+def _check_q8_0_scores() -> None:
     fmt = FORMATS["q8_0"]
     g = torch.Generator().manual_seed(5)
     h, hkv, d, block, depth = 4, 2, 128, 16, 700
