@@ -9,9 +9,9 @@ A cache row is one token's keys (or values) for one KV head: D numbers. Stored a
 The cache tensors are [num_slots, Hkv, row_elems] of `storage`; the C kernels (kernels/kv_format.h)
 write and read every format in registers, and `store`/`load` here are the same arithmetic in
 torch (the reference path, and the tests' reference), bit for bit. Against a q8_0 cache the
-CPU kernel quantizes each query as the keys are (a float32 scale per 32, int8 numbers) and
-takes the scores as integer dot products, as llama.cpp does (kernels/attention_q8.h); `query`
-gives the query it so multiplies, and the reference path multiplies the same.
+CPU kernel quantizes each query per 32 numbers (a float32 scale, int16 numbers) and takes the
+scores as exact integer dot products with the keys' int8 numbers (kernels/attention_q8.h);
+`query` gives the query it so multiplies, and the reference path multiplies the same.
 
 Why q8_0 for the 8-bit integer form: llama.cpp's name and layout (`-ctk q8_0`), which users
 comparing the two engines already know, and a scale per 32 numbers, which follows a row's
@@ -58,7 +58,7 @@ class KVFormat:
 
     def query(self, q: torch.Tensor) -> torch.Tensor:
         """q [..., D] -> the query the kernels' scores multiply: q itself, or against q8_0 its
-        blocks of 32 quantized (dq = max|q| / 127 in float32, int8 round(q / dq), ties to
+        blocks of 32 quantized (dq = max|q| / 32767 in float32, int16 round(q / dq), ties to
         even) and multiplied back, in float64 (exact)."""
         if self.name != "q8_0":
             return q
