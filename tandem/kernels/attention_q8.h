@@ -32,38 +32,6 @@
 #define Q8_SK 2
 #define Q8_IN_PLACE 2  /* a KV head of at most these rows in a pass reads its keys in place */
 
-/* The LANES x LANES block m transposed in registers (lane x of m[k] to lane k of m[x]): one
- * stage per bit of the index, each swapping that bit between the row and the lane. */
-#if LANES == 16
-#define Q8_T1 0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30
-#define Q8_U1 1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31
-#define Q8_T2 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29
-#define Q8_U2 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31
-#define Q8_T4 0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27
-#define Q8_U4 4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31
-#define Q8_T8 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23
-#define Q8_U8 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31
-#else
-#define Q8_T1 0, 8, 2, 10, 4, 12, 6, 14
-#define Q8_U1 1, 9, 3, 11, 5, 13, 7, 15
-#define Q8_T2 0, 1, 8, 9, 4, 5, 12, 13
-#define Q8_U2 2, 3, 10, 11, 6, 7, 14, 15
-#define Q8_T4 0, 1, 2, 3, 8, 9, 10, 11
-#define Q8_U4 4, 5, 6, 7, 12, 13, 14, 15
-#endif
-#define Q8_STAGE(S)                                                                            \
-    for (int r = 0; r < LANES; r++)                                                            \
-        if (!(r & S)) {                                                                        \
-            const vi lo = SH(m[r], m[r | S], Q8_T##S), hi = SH(m[r], m[r | S], Q8_U##S);       \
-            m[r] = lo, m[r | S] = hi;                                                          \
-        }
-static inline __attribute__((always_inline)) void transpose_i(vi *m) {
-    Q8_STAGE(1) Q8_STAGE(2) Q8_STAGE(4)
-#if LANES == 16
-    Q8_STAGE(8)
-#endif
-}
-
 static inline __attribute__((always_inline)) vi load_i(const int32_t *p) {
     vi v;
     memcpy(&v, p, sizeof v);
@@ -235,36 +203,6 @@ static __attribute__((noinline)) void q8_scores(const pass_t *st, int r0, int r1
         }
     }
 }
-/* Lane k of the result: the sum of t[k]'s lanes (integers: exact in any order). */
-static inline __attribute__((always_inline)) vi q8_lanes(vi *t) {
-#if LANES == 16
-    vi u[8], w[4], x[2];
-    for (int i = 0; i < 8; i++)
-        u[i] = SH(t[2 * i], t[2 * i + 1], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23)
-             + SH(t[2 * i], t[2 * i + 1], 8, 9, 10, 11, 12, 13, 14, 15,
-                  24, 25, 26, 27, 28, 29, 30, 31);
-    for (int i = 0; i < 4; i++)
-        w[i] = SH(u[2 * i], u[2 * i + 1], 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27)
-             + SH(u[2 * i], u[2 * i + 1], 4, 5, 6, 7, 12, 13, 14, 15,
-                  20, 21, 22, 23, 28, 29, 30, 31);
-    for (int i = 0; i < 2; i++)
-        x[i] = SH(w[2 * i], w[2 * i + 1], 0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29)
-             + SH(w[2 * i], w[2 * i + 1], 2, 3, 6, 7, 10, 11, 14, 15,
-                  18, 19, 22, 23, 26, 27, 30, 31);
-    return SH(x[0], x[1], 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30)
-         + SH(x[0], x[1], 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
-#else
-    vi u[4], w[2];
-    for (int i = 0; i < 4; i++)
-        u[i] = SH(t[2 * i], t[2 * i + 1], 0, 1, 2, 3, 8, 9, 10, 11)
-             + SH(t[2 * i], t[2 * i + 1], 4, 5, 6, 7, 12, 13, 14, 15);
-    for (int i = 0; i < 2; i++)
-        w[i] = SH(u[2 * i], u[2 * i + 1], 0, 1, 4, 5, 8, 9, 12, 13)
-             + SH(u[2 * i], u[2 * i + 1], 2, 3, 6, 7, 10, 11, 14, 15);
-    return SH(w[0], w[1], 0, 2, 4, 6, 8, 10, 12, 14) + SH(w[0], w[1], 1, 3, 5, 7, 9, 11, 13, 15);
-#endif
-}
-
 /* The dot product of block b of a q8_0 key row and of a quantized query (int16 [32]), in lanes
  * (their sum is the block's). */
 static inline __attribute__((always_inline)) vi q8_row_dot(const uint8_t *row, int b,
@@ -279,7 +217,7 @@ static inline __attribute__((always_inline)) vi q8_row_dot(const uint8_t *row, i
 }
 
 /* q8_scores for a pass of few rows a KV head (a decode, a short verification), the keys read
- * in place: per row, block and key an integer dot product in lanes, their lane sums (q8_lanes)
+ * in place: per row, block and key an integer dot product in lanes, their lane sums (vec.h's reduce_lanes_i)
  * giving LANES keys' block sums a vector, added as q8_scores adds them (q8_term): the same
  * bits, without laying out a tile that one or two rows would read. */
 static __attribute__((noinline)) void q8_scores_rows(const pass_t *st, int r0, int r1,
@@ -302,7 +240,7 @@ static __attribute__((noinline)) void q8_scores_rows(const pass_t *st, int r0, i
                     const int64_t j = t0 + c + k;
                     t[k] = j >= a && j <= b ? q8_row_dot(krow[j - t0], bb, q) : (vi){0};
                 }
-                sum = q8_term(sum, q8_lanes(t), load(dk[bb]),
+                sum = q8_term(sum, reduce_lanes_i(t), load(dk[bb]),
                               splat(st->qd[r * (MAX_HEAD_DIM / 32) + bb]));
             }
             vf sc = sum * scale;

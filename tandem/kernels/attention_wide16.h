@@ -14,26 +14,6 @@
 #define WIDE_SR 2  /* rows by key vectors of a block of scores: the chains, the tree's partial */
 #define WIDE_SK 2  /* sums and the operands fit the 32 registers */
 
-/* The LANES x LANES block m transposed in registers (lane x of m[k] to lane k of m[x]): one
- * stage per bit of the index, each swapping that bit between the row and the lane. */
-#define T_LO1 0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30
-#define T_HI1 1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31
-#define T_LO2 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29
-#define T_HI2 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31
-#define T_LO4 0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27
-#define T_HI4 4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31
-#define T_LO8 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23
-#define T_HI8 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31
-#define T_STAGE(S)                                                                             \
-    for (int r = 0; r < LANES; r++)                                                            \
-        if (!(r & S)) {                                                                        \
-            const vf lo = SH(m[r], m[r | S], T_LO##S), hi = SH(m[r], m[r | S], T_HI##S);       \
-            m[r] = lo, m[r | S] = hi;                                                          \
-        }
-static inline __attribute__((always_inline)) void transpose(vf *m) {
-    T_STAGE(1) T_STAGE(2) T_STAGE(4) T_STAGE(8)
-}
-
 /* Keys a .. t1 of the tile at t0 (rows[j - t0] in format `type`) widened to float32 exactly and
  * stored transposed: kt[x * KEY_TILE + j - t0] is element x of key j, in the LANES-aligned
  * columns that cover a .. t1 (columns of no key there hold 0). A transposed tile gives
