@@ -31,6 +31,16 @@ PROMPTS = [
 ]
 
 
+@pytest.fixture(autouse=True)
+def _matmul_mode_per_test(monkeypatch):
+    """The CPU matmul mode (TANDEM_CPU_MATMUL) is the last model load's, kept per process
+    (layers/matmul_choice.py): each test starts from the mode the session had and leaves it so,
+    whatever mode it loaded a model with. Without this, a test that loads with "blas" left the
+    kernel tests after it multiplying on BLAS, whose rows follow their batch."""
+    from tandem.layers import matmul_choice
+    monkeypatch.setattr(matmul_choice, "_forced", list(matmul_choice._forced))
+
+
 @pytest.fixture(scope="session")
 def tiny_dirs(tmp_path_factory) -> dict[str, str]:
     """One tiny model per architecture, plus an unrelated random llama to serve as a bad draft."""
