@@ -1,7 +1,7 @@
 /* The whole Llama-family decoder stack of a step (decode, verification, prefill) in one call (see
  * tandem/models/llama_fused.py): the same kernels, in the same order, on the same buffers' shapes
  * as the layer-by-layer Python path, so the result is bit-identical to it, without its ~100
- * Python-level calls per layer.
+ * Python-level calls per layer. A long step runs in sub-batches (decoder_scratch.h's UBATCH).
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -14,18 +14,12 @@ enum { IN_NORM, POST_NORM, QKV_W, QKV_B, O_W, GATE_UP_W, DOWN_W, Q_NORM, K_NORM,
 
 #define P(l, i) ((float *)(intptr_t)table[(l) * LAYER_PTRS + (i)])
 
-/* x [t, hidden]: the embeddings (read only); out [t, hidden]: the final norm's output.
- * dims: hidden, intermediate, heads, kv heads, head size, 1 where the four weights of every
- * layer are quantized-weight descriptors (cpu_quant.c) instead of float32, and the KV caches'
- * row format (kv_format.h). cos, sin: [t, d];
- * slots [t]; requests [g, 3] and kv_slots [g, lmax]: every request of the step (cpu_attention.c).
- * Returns 0, or -1 (out unspecified) when a kernel refuses its sizes or memory runs out. */
-int tandem_llama_stack(const float *x, float *out, int64_t t, const int64_t *dims,
-                       int64_t layers, const int64_t *table, const float *final_norm,
-                       float eps, float qk_eps, int qk_unit_offset, const float *cos,
-                       const float *sin, const int64_t *slots, const int64_t *requests,
-                       const int64_t *kv_slots, int64_t groups, int64_t lmax, float scale,
-                       int threads) {
+/* The stack on the rows of one sub-batch (tandem_llama_stack's arguments, cut to them). */
+static int llama_rows(const float *x, float *out, int64_t t, const int64_t *dims, int64_t layers,
+                      const int64_t *table, const float *final_norm, float eps, float qk_eps,
+                      int qk_unit_offset, const float *cos, const float *sin,
+                      const int64_t *slots, const int64_t *requests, const int64_t *kv_slots,
+                      int64_t groups, int64_t lmax, float scale, int threads) {
     int64_t hidden = dims[0], inter = dims[1], h = dims[2], hkv = dims[3], d = dims[4];
     int q = (int)dims[5], kv = (int)dims[6];
     int64_t qkv_n = (h + 2 * hkv) * d;
@@ -59,4 +53,24 @@ int tandem_llama_stack(const float *x, float *out, int64_t t, const int64_t *dim
         tandem_add_rms_norm(stream, mlp, stream, out, final_norm, t, hidden, eps, 0);
     free(sc.buf);
     return rc ? -1 : 0;
+}
+
+/* x [t, hidden]: the embeddings (read only); out [t, hidden]: the final norm's output.
+ * dims: hidden, intermediate, heads, kv heads, head size, 1 where the four weights of every
+ * layer are quantized-weight descriptors (cpu_quant.c) instead of float32, and the KV caches'
+ * row format (kv_format.h). cos, sin: [t, d];
+ * slots [t]; requests [g, 3] and kv_slots [g, lmax]: every request of the step (cpu_attention.c).
+ * Returns 0, or -1 (out unspecified) when a kernel refuses its sizes or memory runs out. */
+int tandem_llama_stack(const float *x, float *out, int64_t t, const int64_t *dims,
+                       int64_t layers, const int64_t *table, const float *final_norm,
+                       float eps, float qk_eps, int qk_unit_offset, const float *cos,
+                       const float *sin, const int64_t *slots, const int64_t *requests,
+                       const int64_t *kv_slots, int64_t groups, int64_t lmax, float scale,
+                       int threads) {
+    const int64_t hidden = dims[0], d = dims[4];
+    STACK_UBATCHES(t, requests, groups,
+                   llama_rows(x + r0 * hidden, out + r0 * hidden, tb, dims, layers, table,
+                              final_norm, eps, qk_eps, qk_unit_offset, cos + r0 * d,
+                              sin + r0 * d, slots + r0, sub, kv_slots, groups, lmax, scale,
+                              threads));
 }

@@ -4,7 +4,8 @@
  *   x = x + post_attention_norm(attention(input_norm(x)))
  *   x = x + post_feedforward_norm(mlp(pre_feedforward_norm(x)))
  * with every norm scaling by (1 + w). Each residual add is done by the add+norm kernel of the
- * norm after it (the same float additions: a + b has the same bits in either order).
+ * norm after it (the same float additions: a + b has the same bits in either order). A long step
+ * runs in sub-batches (decoder_scratch.h's UBATCH).
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -17,22 +18,13 @@ enum { IN_NORM, POST_ATTN_NORM, PRE_FF_NORM, POST_FF_NORM, QKV_W, QKV_B, O_W, GA
 
 #define P(l, i) ((float *)(intptr_t)table[(l) * LAYER_PTRS + (i)])
 
-/* x [t, hidden]: the embeddings (read only); out [t, hidden]: the final norm's output.
- * dims: hidden, intermediate, heads, kv heads, head size, 1 where the four weights of every
- * layer are quantized-weight descriptors (cpu_quant.c) instead of float32, and the KV caches'
- * row format (kv_format.h).
- * kinds [layers, 2]: each layer's sliding window (0: every key) and rope (1: the local tables
- * cos_local/sin_local, 0: the global ones; each [t, d]). q/k norms: in the table, or NULL for
- * none. slots [t]; requests [g, 3] and kv_slots [g, lmax]: every request of the step
- * (cpu_attention.c). Returns 0, or -1 (out unspecified) when a kernel refuses its sizes or memory
- * runs out. */
-int tandem_gemma_stack(const float *x, float *out, int64_t t, const int64_t *dims,
-                       int64_t layers, const int64_t *table, const int64_t *kinds,
-                       const float *final_norm, float eps, float qk_eps,
-                       const float *cos_local, const float *sin_local, const float *cos_global,
-                       const float *sin_global, const int64_t *slots, const int64_t *requests,
-                       const int64_t *kv_slots, int64_t groups, int64_t lmax, float scale,
-                       int threads) {
+/* The stack on the rows of one sub-batch (tandem_gemma_stack's arguments, cut to them). */
+static int gemma_rows(const float *x, float *out, int64_t t, const int64_t *dims, int64_t layers,
+                      const int64_t *table, const int64_t *kinds, const float *final_norm,
+                      float eps, float qk_eps, const float *cos_local, const float *sin_local,
+                      const float *cos_global, const float *sin_global, const int64_t *slots,
+                      const int64_t *requests, const int64_t *kv_slots, int64_t groups,
+                      int64_t lmax, float scale, int threads) {
     int64_t hidden = dims[0], inter = dims[1], h = dims[2], hkv = dims[3], d = dims[4];
     int q = (int)dims[5], kv = (int)dims[6];
     int64_t qkv_n = (h + 2 * hkv) * d;
@@ -70,4 +62,28 @@ int tandem_gemma_stack(const float *x, float *out, int64_t t, const int64_t *dim
         tandem_add_rms_norm(stream, block, stream, out, final_norm, t, hidden, eps, 1);
     free(sc.buf);
     return rc ? -1 : 0;
+}
+
+/* x [t, hidden]: the embeddings (read only); out [t, hidden]: the final norm's output.
+ * dims: hidden, intermediate, heads, kv heads, head size, 1 where the four weights of every
+ * layer are quantized-weight descriptors (cpu_quant.c) instead of float32, and the KV caches'
+ * row format (kv_format.h).
+ * kinds [layers, 2]: each layer's sliding window (0: every key) and rope (1: the local tables
+ * cos_local/sin_local, 0: the global ones; each [t, d]). q/k norms: in the table, or NULL for
+ * none. slots [t]; requests [g, 3] and kv_slots [g, lmax]: every request of the step
+ * (cpu_attention.c). Returns 0, or -1 (out unspecified) when a kernel refuses its sizes or memory
+ * runs out. */
+int tandem_gemma_stack(const float *x, float *out, int64_t t, const int64_t *dims,
+                       int64_t layers, const int64_t *table, const int64_t *kinds,
+                       const float *final_norm, float eps, float qk_eps,
+                       const float *cos_local, const float *sin_local, const float *cos_global,
+                       const float *sin_global, const int64_t *slots, const int64_t *requests,
+                       const int64_t *kv_slots, int64_t groups, int64_t lmax, float scale,
+                       int threads) {
+    const int64_t hidden = dims[0], d = dims[4];
+    STACK_UBATCHES(t, requests, groups,
+                   gemma_rows(x + r0 * hidden, out + r0 * hidden, tb, dims, layers, table, kinds,
+                              final_norm, eps, qk_eps, cos_local + r0 * d, sin_local + r0 * d,
+                              cos_global + r0 * d, sin_global + r0 * d, slots + r0, sub,
+                              kv_slots, groups, lmax, scale, threads));
 }

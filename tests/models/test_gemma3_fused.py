@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from tandem import LLM, SamplingParams
 from tandem.kernels import cpu as cpu_kernels
 from tandem.models import gemma3, gemma3_fused
+from test_llama_fused import long_step
 from tiny_models import build_tiny_model
 
 MAX_TOKENS = 12
@@ -71,6 +72,16 @@ def test_fused_stack_is_bit_identical_to_the_layers(gemma_dirs, prompts, native_
     monkeypatch.setattr(gemma3, "gemma_stack", lambda model, x, rl, rg: None)
     layers = _run(gemma_dirs["target"], prompts, **kw)
     assert fused == layers  # tokens and logprobs, to the bit
+
+
+def test_a_long_step_in_sub_batches_has_the_layers_bits(gemma_dirs, native_library, monkeypatch,
+                                                        calls):
+    """test_llama_fused's long step (1,800 rows in three sub-batches) across the window."""
+    monkeypatch.setenv("TANDEM_CPU_MATMUL", "c")
+    fused = long_step(gemma_dirs["target"], monkeypatch, gemma3, "gemma_stack")
+    assert calls["fused"] > 0
+    monkeypatch.setattr(gemma3, "gemma_stack", lambda model, x, rl, rg: None)
+    assert long_step(gemma_dirs["target"], monkeypatch, gemma3, "gemma_stack") == fused
 
 
 def test_speculation_with_the_fused_stack_stays_lossless(gemma_dirs, prompts, native_library,

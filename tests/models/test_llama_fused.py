@@ -3,6 +3,8 @@ layer-by-layer path on every Llama-family arch, used only where it applies, and 
 
 from __future__ import annotations
 
+import random
+
 import pytest
 import torch
 
@@ -49,6 +51,39 @@ def test_fused_stack_is_bit_identical_to_the_layers(tiny_dirs, prompts, native_l
     monkeypatch.setattr(llama, "fused_stack", lambda model, x, rope: None)
     layers = _run(tiny_dirs[arch], prompts)
     assert fused == layers  # tokens and logprobs, to the bit
+
+
+def long_step(d: str, monkeypatch, module, stack: str) -> list:
+    """Two prompts of 1,100 and 700 tokens prefilled in one step of 1,800 rows, which the fused
+    stack runs in three sub-batches (kernels/decoder_scratch.h's UBATCH), each prompt cut across
+    two; then 8 tokens decoded. Every prompt position's logprob and the tokens'."""
+    monkeypatch.setenv("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "1")
+    rng = random.Random(0)
+    prompts = [{"prompt_token_ids": [rng.randrange(3, 300) for _ in range(n)]}
+               for n in (1100, 700)]
+    rows: list[int] = []
+    real = getattr(module, stack)
+
+    def watched(model, x, *rope):
+        rows.append(x.shape[0])
+        return real(model, x, *rope)
+    monkeypatch.setattr(module, stack, watched)
+    llm = LLM(d, max_model_len=2048, max_num_batched_tokens=2048)
+    sp = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, logprobs=2,
+                        prompt_logprobs=1)
+    out = llm.generate(prompts, sp, use_tqdm=False)
+    assert rows[0] == 1800
+    return [(o.outputs[0].token_ids, [sorted(p.items()) for p in o.outputs[0].logprobs],
+             [sorted(p.items()) for p in o.prompt_logprobs[1:]]) for o in out]
+
+
+def test_a_long_step_in_sub_batches_has_the_layers_bits(tiny_dirs, native_library, monkeypatch,
+                                                        calls):
+    monkeypatch.setenv("TANDEM_CPU_MATMUL", "c")
+    fused = long_step(tiny_dirs["llama"], monkeypatch, llama, "fused_stack")
+    assert calls["fused"] > 0
+    monkeypatch.setattr(llama, "fused_stack", lambda model, x, rope: None)
+    assert long_step(tiny_dirs["llama"], monkeypatch, llama, "fused_stack") == fused
 
 
 def test_speculation_with_the_fused_stack_stays_lossless(tiny_dirs, prompts, native_library,
