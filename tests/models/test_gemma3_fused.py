@@ -76,7 +76,7 @@ def test_fused_stack_is_bit_identical_to_the_layers(gemma_dirs, prompts, native_
 
 def test_a_long_step_in_sub_batches_has_the_layers_bits(gemma_dirs, native_library, monkeypatch,
                                                         calls):
-    """test_llama_fused's long step (1,800 rows in three sub-batches) across the window."""
+    """test_llama_fused's long steps (1,200 rows in two sub-batches each) across the window."""
     monkeypatch.setenv("TANDEM_CPU_MATMUL", "c")
     fused = long_step(gemma_dirs["target"], monkeypatch, gemma3, "gemma_stack")
     assert calls["fused"] > 0

@@ -54,13 +54,16 @@ def test_fused_stack_is_bit_identical_to_the_layers(tiny_dirs, prompts, native_l
 
 
 def long_step(d: str, monkeypatch, module, stack: str) -> list:
-    """Two prompts of 1,100 and 700 tokens prefilled in one step of 1,800 rows, which the fused
-    stack runs in three sub-batches (kernels/decoder_scratch.h's UBATCH), each prompt cut across
-    two; then 8 tokens decoded. Every prompt position's logprob and the tokens'."""
+    """Prompts of 100 and 2,300 tokens under a budget of 1,200 tokens a step: the first step
+    prefills the short one and 1,100 of the long one, the second decodes the short one's first
+    token beside 1,199 more of the long one; the fused stack runs each in two sub-batches of 600
+    rows (kernels/decoder_scratch.h's UBATCH), so a prompt is cut across sub-batches and steps and
+    a decode row shares a sub-batch with a prefill. Then 8 tokens each. Every prompt position's
+    logprob and the tokens'."""
     monkeypatch.setenv("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "1")
     rng = random.Random(0)
     prompts = [{"prompt_token_ids": [rng.randrange(3, 300) for _ in range(n)]}
-               for n in (1100, 700)]
+               for n in (100, 2300)]
     rows: list[int] = []
     real = getattr(module, stack)
 
@@ -68,11 +71,11 @@ def long_step(d: str, monkeypatch, module, stack: str) -> list:
         rows.append(x.shape[0])
         return real(model, x, *rope)
     monkeypatch.setattr(module, stack, watched)
-    llm = LLM(d, max_model_len=2048, max_num_batched_tokens=2048)
+    llm = LLM(d, max_model_len=2560, max_num_batched_tokens=1200)
     sp = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, logprobs=2,
                         prompt_logprobs=1)
     out = llm.generate(prompts, sp, use_tqdm=False)
-    assert rows[0] == 1800
+    assert rows[:2] == [1200, 1200]
     return [(o.outputs[0].token_ids, [sorted(p.items()) for p in o.outputs[0].logprobs],
              [sorted(p.items()) for p in o.prompt_logprobs[1:]]) for o in out]
 
