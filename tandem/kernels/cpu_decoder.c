@@ -31,26 +31,25 @@ static int llama_rows(const float *x, float *out, int64_t t, const int64_t *dims
     int rc = 0;
     for (int64_t l = 0; l < layers && rc == 0; l++) {
         if (l == 0)
-            tandem_add_rms_norm(x, NULL, stream, normed, P(l, IN_NORM), t, hidden, eps, 0);
+            stack_norm(x, NULL, stream, normed, P(l, IN_NORM), t, hidden, eps, 0, threads);
         else
-            tandem_add_rms_norm(stream, mlp, stream, normed, P(l, IN_NORM), t, hidden, eps, 0);
+            stack_norm(stream, mlp, stream, normed, P(l, IN_NORM), t, hidden, eps, 0, threads);
         rc |= stack_matmul(q, normed, P(l, QKV_W), P(l, QKV_B), qkv, t, qkv_n, hidden, threads);
-        rc |= tandem_rope_write_kv(qkv, t, h, hkv, d, cos, sin, slots, P(l, K_CACHE),
-                                   P(l, V_CACHE), P(l, Q_NORM), P(l, K_NORM), qk_eps,
-                                   qk_unit_offset, kv);
+        rc |= stack_rope(qkv, t, h, hkv, d, cos, sin, slots, P(l, K_CACHE), P(l, V_CACHE),
+                         P(l, Q_NORM), P(l, K_NORM), qk_eps, qk_unit_offset, kv, threads);
         rc |= tandem_paged_attention(qkv, qkv_n, P(l, K_CACHE), P(l, V_CACHE), attn, requests,
                                      kv_slots, groups, lmax, h, hkv, d, scale, 0, 0.0f, kv,
                                      threads);
         rc |= stack_matmul(q, attn, P(l, O_W), NULL, normed, t, hidden, h * d, threads);
         /* normed holds the attention block's output; the stream absorbs it, normed gets the
          * norm (the kernel reads each row before writing it). */
-        tandem_add_rms_norm(stream, normed, stream, normed, P(l, POST_NORM), t, hidden, eps, 0);
+        stack_norm(stream, normed, stream, normed, P(l, POST_NORM), t, hidden, eps, 0, threads);
         rc |= stack_matmul(q, normed, P(l, GATE_UP_W), NULL, gu, t, 2 * inter, hidden, threads);
-        tandem_silu_and_mul(gu, act, t, inter);
+        stack_act(0, gu, act, t, inter, threads);
         rc |= stack_matmul(q, act, P(l, DOWN_W), NULL, mlp, t, hidden, inter, threads);
     }
     if (rc == 0)
-        tandem_add_rms_norm(stream, mlp, stream, out, final_norm, t, hidden, eps, 0);
+        stack_norm(stream, mlp, stream, out, final_norm, t, hidden, eps, 0, threads);
     free(sc.buf);
     return rc ? -1 : 0;
 }

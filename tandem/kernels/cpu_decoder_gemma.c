@@ -38,28 +38,28 @@ static int gemma_rows(const float *x, float *out, int64_t t, const int64_t *dims
         int64_t window = kinds[2 * l];
         int local = kinds[2 * l + 1] != 0;
         if (l == 0)  /* the stream starts as a copy of x */
-            tandem_add_rms_norm(x, NULL, stream, normed, P(l, IN_NORM), t, hidden, eps, 1);
+            stack_norm(x, NULL, stream, normed, P(l, IN_NORM), t, hidden, eps, 1, threads);
         else
-            tandem_add_rms_norm(stream, block, stream, normed, P(l, IN_NORM), t, hidden, eps, 1);
+            stack_norm(stream, block, stream, normed, P(l, IN_NORM), t, hidden, eps, 1, threads);
         rc |= stack_matmul(q, normed, P(l, QKV_W), P(l, QKV_B), qkv, t, qkv_n, hidden, threads);
-        rc |= tandem_rope_write_kv(qkv, t, h, hkv, d, local ? cos_local : cos_global,
-                                   local ? sin_local : sin_global, slots, P(l, K_CACHE),
-                                   P(l, V_CACHE), P(l, Q_NORM), P(l, K_NORM), qk_eps, 1, kv);
+        rc |= stack_rope(qkv, t, h, hkv, d, local ? cos_local : cos_global,
+                         local ? sin_local : sin_global, slots, P(l, K_CACHE), P(l, V_CACHE),
+                         P(l, Q_NORM), P(l, K_NORM), qk_eps, 1, kv, threads);
         rc |= tandem_paged_attention(qkv, qkv_n, P(l, K_CACHE), P(l, V_CACHE), attn, requests,
                                      kv_slots, groups, lmax, h, hkv, d, scale, window, 0.0f, kv,
                                      threads);
         rc |= stack_matmul(q, attn, P(l, O_W), NULL, block, t, hidden, h * d, threads);
         /* normed in place (the kernel reads a row whole before writing it), then added to the
          * stream by the next norm's kernel */
-        tandem_add_rms_norm(block, NULL, NULL, block, P(l, POST_ATTN_NORM), t, hidden, eps, 1);
-        tandem_add_rms_norm(stream, block, stream, normed, P(l, PRE_FF_NORM), t, hidden, eps, 1);
+        stack_norm(block, NULL, NULL, block, P(l, POST_ATTN_NORM), t, hidden, eps, 1, threads);
+        stack_norm(stream, block, stream, normed, P(l, PRE_FF_NORM), t, hidden, eps, 1, threads);
         rc |= stack_matmul(q, normed, P(l, GATE_UP_W), NULL, gu, t, 2 * inter, hidden, threads);
-        tandem_gelu_tanh_and_mul(gu, act, t, inter);
+        stack_act(1, gu, act, t, inter, threads);
         rc |= stack_matmul(q, act, P(l, DOWN_W), NULL, block, t, hidden, inter, threads);
-        tandem_add_rms_norm(block, NULL, NULL, block, P(l, POST_FF_NORM), t, hidden, eps, 1);
+        stack_norm(block, NULL, NULL, block, P(l, POST_FF_NORM), t, hidden, eps, 1, threads);
     }
     if (rc == 0)
-        tandem_add_rms_norm(stream, block, stream, out, final_norm, t, hidden, eps, 1);
+        stack_norm(stream, block, stream, out, final_norm, t, hidden, eps, 1, threads);
     free(sc.buf);
     return rc ? -1 : 0;
 }

@@ -1,6 +1,6 @@
 /* What the fused decoder stacks (cpu_decoder.c, cpu_decoder_gemma.c) share: one linear layer on
- * float32 weights or a quantized-weight descriptor, the step's scratch buffers, and its
- * sub-batches. */
+ * float32 weights or a quantized-weight descriptor, the row-wise kernels split over the threads,
+ * the step's scratch buffers, and its sub-batches. */
 #ifndef TANDEM_DECODER_SCRATCH_H
 #define TANDEM_DECODER_SCRATCH_H
 #include <stdint.h>
@@ -14,6 +14,75 @@ static inline int stack_matmul(int quantized, const float *x, const float *w, co
     if (quantized)
         return tandem_qlinear(x, (const int64_t *)w, bias, y, m, n, k, threads);
     return tandem_linear(x, w, bias, y, m, n, k, threads);
+}
+
+/* The row-wise kernels between the matmuls (norms, activations, rotary + KV write), split by
+ * rows over the threads where a step has ROWWISE_MIN numbers or more: a verification's rows or
+ * a prompt's; a decode's single row stays on one thread, since waking the other costs more than
+ * its half of the row. Every kernel computes a row alone, so the split changes no bits. */
+#define ROWWISE_MIN 16384
+
+static inline int rowwise_threads(int64_t t, int64_t numbers, int threads) {
+    if (threads <= 1 || numbers < ROWWISE_MIN) return 1;
+    return t < threads ? (int)t : threads;
+}
+
+/* tandem_add_rms_norm (kernels.h) on t rows of dim, split by rows. */
+static inline void stack_norm(const float *x, const float *delta, float *sum_out, float *normed,
+                              const float *w, int64_t t, int64_t dim, float eps, int unit_offset,
+                              int threads) {
+    const int nt = rowwise_threads(t, t * dim, threads);
+    if (nt == 1) {  /* no parallel region at all: even one of a single thread costs a decode */
+        tandem_add_rms_norm(x, delta, sum_out, normed, w, t, dim, eps, unit_offset);
+        return;
+    }
+#pragma omp parallel for num_threads(nt) schedule(static)
+    for (int p = 0; p < nt; p++) {
+        const int64_t a = t * p / nt, n = t * (p + 1) / nt - a;
+        tandem_add_rms_norm(x + a * dim, delta ? delta + a * dim : NULL,
+                            sum_out ? sum_out + a * dim : NULL, normed + a * dim, w, n, dim, eps,
+                            unit_offset);
+    }
+}
+
+/* silu (gelu 0) or gelu-tanh (gelu 1) and mul (kernels.h) on t rows, split by rows. */
+static inline void stack_act(int gelu, const float *gu, float *act, int64_t t, int64_t inter,
+                             int threads) {
+    const int nt = rowwise_threads(t, t * inter, threads);
+    if (nt == 1) {
+        if (gelu) tandem_gelu_tanh_and_mul(gu, act, t, inter);
+        else tandem_silu_and_mul(gu, act, t, inter);
+        return;
+    }
+#pragma omp parallel for num_threads(nt) schedule(static)
+    for (int p = 0; p < nt; p++) {
+        const int64_t a = t * p / nt, n = t * (p + 1) / nt - a;
+        if (gelu) tandem_gelu_tanh_and_mul(gu + a * 2 * inter, act + a * inter, n, inter);
+        else tandem_silu_and_mul(gu + a * 2 * inter, act + a * inter, n, inter);
+    }
+}
+
+/* tandem_rope_write_kv (kernels.h) on t rows, split by rows (each writes its own cache slots).
+ * Returns 0 or -1, as the kernel. */
+static inline int stack_rope(float *qkv, int64_t t, int64_t h, int64_t hkv, int64_t d,
+                             const float *cos, const float *sin, const int64_t *slots,
+                             void *k_cache, void *v_cache, const float *q_norm_w,
+                             const float *k_norm_w, float eps, int unit_offset, int kv_type,
+                             int threads) {
+    const int64_t row = (h + 2 * hkv) * d;
+    const int nt = rowwise_threads(t, t * row, threads);
+    if (nt == 1)
+        return tandem_rope_write_kv(qkv, t, h, hkv, d, cos, sin, slots, k_cache, v_cache,
+                                    q_norm_w, k_norm_w, eps, unit_offset, kv_type);
+    int rc = 0;
+#pragma omp parallel for num_threads(nt) schedule(static) reduction(| : rc)
+    for (int p = 0; p < nt; p++) {
+        const int64_t a = t * p / nt, n = t * (p + 1) / nt - a;
+        rc |= tandem_rope_write_kv(qkv + a * row, n, h, hkv, d, cos + a * d, sin + a * d,
+                                   slots + a, k_cache, v_cache, q_norm_w, k_norm_w, eps,
+                                   unit_offset, kv_type);
+    }
+    return rc;
 }
 
 /* Per row of the step: the residual stream and a normed copy [hidden], qkv [qkv_n], the
