@@ -11,7 +11,11 @@ the combination (`draft+suffix`, `draft+ngram`: the draft model with a lookup be
 `draft` and the lookup alone). The draft model: SmolLM2 for Gemma 3 (another tokenizer: TLI),
 and for `synthetic` (`synthetic_pair.py`'s target, SmolLM2 plus `--extra` perturbing float32
 layers, a synthetic pair with a draft that pays on its own; its repetitive prompts are
-SmolLM2's). Greedy, `ignore_eos`, `--max-tokens` each.
+SmolLM2's). Greedy, up to `--max-tokens` each, each request ending where the model ends it (its
+end-of-sequence token), as a user's would: past that end a chat model writes anew, which is not
+the workload's text (`--ignore-eos` runs every request to `--max-tokens`, the convention of
+fixed-length throughput runs; greedy decoding gives the method and plain the same tokens either
+way).
 
 Suffix decoding's cross-request tree is emptied before every run of the method: the rounds run
 the same prompts again, and a tree holding their earlier outputs would time a cache, not the
@@ -196,11 +200,15 @@ def main() -> None:
                     help="only the batched repetitive run (every prompt at once)")
     ap.add_argument("--num-free", type=int, default=8, help="free-text prompts")
     ap.add_argument("--keep-suffix-cache", action="store_true")
+    ap.add_argument("--ignore-eos", action="store_true",
+                    help="every request runs to --max-tokens, past the model's end")
     add_pair_args(ap)
     args = ap.parse_args()
     from tandem import LLM, SamplingParams
-    params = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
+    params = SamplingParams(temperature=0, max_tokens=args.max_tokens,
+                            ignore_eos=args.ignore_eos)
     results: dict[str, Any] = {"cpu": cpu_name(), "max_tokens": args.max_tokens,
+                               "ignore_eos": args.ignore_eos,
                                "rounds": args.rounds, "runs": []}
     if "synthetic" in args.models:
         results["synthetic_pair"] = synthetic_label(args)
