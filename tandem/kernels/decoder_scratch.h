@@ -32,7 +32,7 @@ static inline void stack_norm(const float *x, const float *delta, float *sum_out
                               const float *w, int64_t t, int64_t dim, float eps, int unit_offset,
                               int threads) {
     const int nt = rowwise_threads(t, t * dim, threads);
-    if (nt == 1) {  /* no parallel region at all: even one of a single thread costs a decode */
+    if (nt == 1) {  /* one thread: no parallel region to enter */
         tandem_add_rms_norm(x, delta, sum_out, normed, w, t, dim, eps, unit_offset);
         return;
     }
